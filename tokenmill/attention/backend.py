@@ -1,0 +1,40 @@
+"""The attention backend interface and the per-step metadata every backend reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """The flat varlen batch: request i owns query tokens query_start_loc[i]:query_start_loc[i+1] and has
+    seq_lens[i] tokens of context (cached + new), whose K/V live in the blocks of block_table[i]."""
+
+    slot_mapping: torch.Tensor      # [T] int64: block_id * block_size + offset for each new token
+    block_table: torch.Tensor       # [B, max_blocks] int32/int64
+    query_start_loc: torch.Tensor   # [B + 1]
+    seq_lens: torch.Tensor          # [B]
+    # Host copies, so backends that loop or choose kernels do not read the device.
+    query_start_loc_np: np.ndarray
+    seq_lens_np: np.ndarray
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_np)
+
+
+class AttentionBackend:
+    """Computes attention for the flat batch, reading K/V (already written for the new tokens) from the cache."""
+
+    name = "base"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                md: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: the new tokens' [T, Hkv, D], already in kv_cache [2, N, block_size, Hkv, D].
+        Returns [T, Hq, D]."""
+        raise NotImplementedError

@@ -1,0 +1,176 @@
+"""One config source: a flat `EngineArgs` whose field metadata carries the help text.
+
+It generates the CLI flags and the `LLM(**kwargs)` keywords; `create_engine_config()` turns it into the
+frozen sub-configs the engine parts take. This module imports no torch at top level so that `core/`
+can use its plain-number configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.utils import format_bytes, init_logger, parse_bytes
+
+logger = init_logger(__name__)
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Fraction of free memory the KV cache may take when --kv-cache-memory is not given, and its ceiling.
+_DEFAULT_KV_FRACTION = 0.25
+_DEFAULT_KV_CEILING = 4 << 30
+
+
+def _arg(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class EngineArgs:
+    """Every engine setting; the CLI and `LLM(...)` accept exactly these names."""
+
+    model: str | None = _arg(None, f"Model: a Hugging Face folder, a .gguf file, or a hub id already on disk. "
+                                   f"Default: the embedded {DEFAULT_MODEL_ID}.")
+    tokenizer: str | None = _arg(None, "Tokenizer folder, if it differs from the model's.")
+    dtype: str = _arg("auto", "Weight and activation dtype: auto follows the config where the device runs it well.",
+                      choices=["auto", "float32", "bfloat16", "float16"])
+    seed: int = _arg(0, "Seed for sampling requests that have no seed of their own.")
+    max_model_len: int | None = _arg(None, "Longest sequence (prompt + output). Default: the model's, capped by the "
+                                           "KV cache.")
+    block_size: int = _arg(16, "Tokens per KV-cache block.")
+    kv_cache_memory: str | None = _arg(None, "KV-cache size in bytes or like '4GiB'. Default: a quarter of free "
+                                             "memory, at most 4 GiB.")
+    num_gpu_blocks_override: int | None = _arg(None, "Exact number of KV-cache blocks (overrides --kv-cache-memory).")
+    enable_prefix_caching: bool = _arg(True, "Reuse the KV cache of full blocks shared with earlier prompts.")
+    enable_chunked_prefill: bool = _arg(True, "Split long prompts into chunks across steps.")
+    max_num_batched_tokens: int = _arg(2048, "Token budget of one engine step.")
+    max_num_seqs: int = _arg(256, "Most requests running at once.")
+    scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first).",
+                                  choices=["fcfs", "priority"])
+    attention_backend: str | None = _arg(None, "Attention backend (default: the platform's fastest).")
+    served_model_name: str | None = _arg(None, "The model name the API reports and accepts.")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def create_engine_config(self) -> EngineConfig:
+        from tokenmill.model.loader import load_model_config
+
+        model_config = load_model_config(self)
+        cache_config = _size_cache(self, model_config)
+        max_model_len = _resolve_max_model_len(self, model_config, cache_config)
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        batched = self.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            batched = max(batched, max_model_len)
+        scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy)
+        model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
+        cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
+                           attention_backend=self.attention_backend)
+        cfg.log_summary()
+        return cfg
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str                 # the resolved path (folder or .gguf file)
+    format: str                # "hf" or "gguf"
+    hf_config: Any             # transformers PretrainedConfig
+    tokenizer: str             # folder or .gguf file the tokenizer loads from
+    dtype: str                 # "float32" | "bfloat16" | "float16"
+    served_model_name: str
+    max_model_len: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    seed: int = 0
+    attention_backend: str | None = None
+
+    def log_summary(self) -> None:
+        m, c, s = self.model_config, self.cache_config, self.scheduler_config
+        kv_bytes = c.num_tokens * m.kv_bytes_per_token
+        logger.info("model %s (%s, %s), dtype %s, max_model_len %d", m.served_model_name, m.format, m.model,
+                    m.dtype, s.max_model_len)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens, %s; maximum concurrency at %d tokens per "
+                    "request: %.2fx", c.num_blocks, c.block_size, c.num_tokens, format_bytes(kv_bytes),
+                    s.max_model_len, c.num_tokens / s.max_model_len)
+
+
+def _size_cache(args: EngineArgs, m: ModelConfig) -> CacheConfig:
+    if args.block_size < 1 or args.block_size & (args.block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {args.block_size}")
+    bytes_per_block = m.kv_bytes_per_token * args.block_size
+    if args.num_gpu_blocks_override is not None:
+        num_blocks = args.num_gpu_blocks_override
+    else:
+        if args.kv_cache_memory is not None:
+            budget = parse_bytes(args.kv_cache_memory, "kv_cache_memory")
+        else:
+            from tokenmill.platform import available_memory_bytes
+
+            budget = min(_DEFAULT_KV_CEILING, int(available_memory_bytes() * _DEFAULT_KV_FRACTION))
+        num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory is too small for one block of {bytes_per_block} bytes")
+    return CacheConfig(block_size=args.block_size, num_blocks=int(num_blocks),
+                       enable_prefix_caching=args.enable_prefix_caching)
+
+
+def _resolve_max_model_len(args: EngineArgs, m: ModelConfig, c: CacheConfig) -> int:
+    model_max = m.max_model_len
+    if args.max_model_len is not None:
+        if args.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {args.max_model_len}")
+        if args.max_model_len > model_max:
+            raise ValueError(f"max_model_len ({args.max_model_len}) is larger than the model's maximum ({model_max})")
+        if args.max_model_len > c.num_tokens:
+            raise ValueError(f"max_model_len ({args.max_model_len}) does not fit the KV cache ({c.num_tokens} tokens "
+                             f"in {c.num_blocks} blocks); raise kv_cache_memory or lower max_model_len")
+        return args.max_model_len
+    if model_max > c.num_tokens:
+        logger.warning("max_model_len capped from %d to %d tokens: the KV cache holds no more", model_max,
+                       c.num_tokens)
+    return min(model_max, c.num_tokens)

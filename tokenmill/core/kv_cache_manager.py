@@ -1,0 +1,89 @@
+"""Hands out KV-cache blocks to requests on demand and finds cached prefixes (automatic prefix caching)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.core.block_pool import BlockPool, KVCacheBlock
+from tokenmill.engine.request import Request
+from tokenmill.utils import cdiv
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0   # prompt tokens looked up
+    hits: int = 0      # of those, found in the cache
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}   # how many of a request's blocks are registered in the cache
+        self.stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of a request in whole blocks. The last prompt token is always
+        recomputed, because its logits are needed."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(blocks) * self.block_size
+        return blocks, len(blocks) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_new_computed_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens of `request`; None (and no change) if the pool cannot."""
+        new_computed_blocks = new_computed_blocks or []
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_needed = cdiv(total_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        # cached blocks with no owner sit in the free queue: taking them uses up free blocks too
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if max(num_needed, 0) > self.pool.num_free_blocks - num_evictable_hits:
+            if not blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+        self.pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_needed) if num_needed > 0 else []
+        blocks.extend(new_blocks)
+        self._cache_blocks(request, min(total_tokens, request.num_tokens))
+        return new_blocks
+
+    def _cache_blocks(self, request: Request, num_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        start = self.num_cached_blocks.get(rid, 0)
+        if num_full > start:
+            self.pool.cache_full_blocks(self.req_to_blocks[rid], request.block_hashes, start, num_full)
+            self.num_cached_blocks[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Give back a request's blocks, tail first, so its last blocks are evicted before its shared prefix."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def take_stats(self) -> PrefixCacheStats:
+        stats, self.stats = self.stats, PrefixCacheStats()
+        return stats

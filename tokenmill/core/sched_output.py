@@ -1,0 +1,46 @@
+"""What the scheduler tells the model runner each step: new requests in full once, running ones as diffs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen, or one resumed after preemption (its state starts over)."""
+    req_id: str
+    token_ids: list[int]          # prompt, plus the outputs so far when resumed
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests that ran last step too: only the blocks added this step and the computed count."""
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)    # finished or aborted since the last step
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens per request, in the order of `req_ids`; an empty list while a prompt is still chunked.
+    Logprobs rows are (token ids, logprobs, rank of the sampled token); prompt logprobs come per prompt chunk."""
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)

@@ -1,0 +1,200 @@
+"""Continuous batching with a token budget per step.
+
+There are no phases, only counters: each step every running request is handed
+`num_tokens - num_computed_tokens` tokens (capped by the budget), so decodes, prompt chunks and
+recomputation after preemption all fall out of the same loop. Running requests go first, then waiting
+ones while budget, sequence slots and KV blocks last. When blocks run out, the lowest-priority (or newest)
+running request is preempted: its blocks go back and it is recomputed later; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from tokenmill.config import CacheConfig, SchedulerConfig
+from tokenmill.core.kv_cache_manager import KVCacheManager
+from tokenmill.core.request_queue import make_queue
+from tokenmill.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from tokenmill.engine.messages import EngineCoreOutput, SchedulerStats
+from tokenmill.engine.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting = make_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self._stats = SchedulerStats()
+
+    # ---- requests in and out -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Abort or stop requests from outside (client gone, stop string found); unknown ids are ignored."""
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+
+    def _free(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        self.finished_req_ids.add(req.request_id)
+        del self.requests[req.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # ---- scheduling ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_blocks: dict[str, list[int]] = {}
+        preempted: list[Request] = []
+        budget = self._schedule_running(budget, num_scheduled, new_blocks, preempted)
+        admitted: list[Request] = []
+        if not preempted:
+            self._schedule_waiting(budget, num_scheduled, admitted)
+        return self._build_output(num_scheduled, new_blocks, admitted, preempted)
+
+    def _schedule_running(self, budget: int, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
+                          preempted: list[Request]) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            while blocks is None:
+                victim = self._pick_victim(i)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+                blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            if blocks is None:
+                break  # the request itself was preempted: no room for anything after it either
+            num_scheduled[req.request_id] = num_new
+            new_blocks[req.request_id] = [b.block_id for b in blocks]
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _pick_victim(self, first: int) -> Request:
+        """Only requests not yet scheduled this step are candidates, so no half-made step is undone."""
+        candidates = self.running[first:]
+        if self.config.policy == "priority":
+            return max(candidates, key=lambda r: (r.priority, r.arrival_time))
+        return candidates[-1]
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._stats.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int], admitted: list[Request]) -> None:
+        kv = self.kv_cache_manager
+        while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            computed_blocks, num_computed = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_computed
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if kv.allocate_slots(req, num_new, computed_blocks, num_computed) is None:
+                break
+            self.waiting.pop()
+            self.running.append(req)
+            req.num_computed_tokens = num_computed
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_computed
+            num_scheduled[req.request_id] = num_new
+            budget -= num_new
+            admitted.append(req)
+
+    def _build_output(self, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
+                      admitted: list[Request], preempted: list[Request]) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        new_reqs = [NewRequestData(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, r.sampling_params,
+                                   kv.get_block_ids(r.request_id), r.num_computed_tokens) for r in admitted]
+        cached = [CachedRequestData(rid, blocks, self.requests[rid].num_computed_tokens)
+                  for rid, blocks in new_blocks.items()]
+        for rid, n in num_scheduled.items():
+            self.requests[rid].num_computed_tokens += n
+            self.requests[rid].status = RequestStatus.RUNNING
+        out = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
+                              finished_req_ids=self.finished_req_ids,
+                              preempted_req_ids={r.request_id for r in preempted})
+        self.finished_req_ids = set()
+        return out
+
+    # ---- results -------------------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs = []
+        for idx, rid in enumerate(result.req_ids):
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            self._count_tokens(req, sched.num_scheduled_tokens.get(rid, 0))
+            new_ids = result.sampled_token_ids[idx]
+            prompt_lp = result.prompt_logprobs.get(rid)
+            if not new_ids and prompt_lp is None:
+                continue
+            for tok in new_ids:
+                req.append_output_token_ids(tok)
+                if self._check_stop(req, tok):
+                    break
+            out = EngineCoreOutput(rid, new_ids, new_logprobs=result.logprobs.get(rid),
+                                   new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0))
+            if req.status.finished:
+                out.finish_reason, out.stop_reason = req.status.finish_reason, req.stop_reason
+                self.running.remove(req)
+                self._free(req)
+            outputs.append(out)
+        return outputs
+
+    def _count_tokens(self, req: Request, n: int) -> None:
+        prompt_part = max(0, min(n, req.num_prompt_tokens - (req.num_computed_tokens - n)))
+        self._stats.num_prompt_tokens += prompt_part
+        self._stats.num_generation_tokens += n - prompt_part
+
+    def _check_stop(self, req: Request, token_id: int) -> bool:
+        sp = req.sampling_params
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        if req.num_output_tokens < sp.min_tokens:
+            return False  # the sampler already kept stop tokens out; this is the same rule on the host
+        if token_id in sp.all_stop_token_ids:
+            req.status = RequestStatus.FINISHED_STOPPED
+            req.stop_reason = token_id if token_id in sp.stop_token_ids else None
+            return True
+        return False
+
+    def make_stats(self) -> SchedulerStats:
+        stats, self._stats = self._stats, SchedulerStats()
+        prefix = self.kv_cache_manager.take_stats()
+        stats.num_running_reqs, stats.num_waiting_reqs = len(self.running), len(self.waiting)
+        stats.kv_cache_usage = self.kv_cache_manager.usage
+        stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
+        return stats

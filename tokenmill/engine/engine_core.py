@@ -1,0 +1,69 @@
+"""The engine core: add/abort requests and `step()` = schedule -> execute_model -> update_from_output.
+
+`run_busy_loop` drives it in its own process for the server; the offline LLM calls `step()` directly.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tokenmill.config import EngineConfig
+from tokenmill.core.scheduler import Scheduler
+from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.executor.base import Executor
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+
+def validate_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
+    if num_prompt_tokens == 0:
+        raise ValueError("prompt is empty: it must have at least one token")
+    if num_prompt_tokens > max_model_len:
+        raise ValueError(f"prompt is {num_prompt_tokens} tokens long, longer than max_model_len "
+                         f"({max_model_len} tokens)")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None):
+        self.config = config
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        if executor is None:
+            from tokenmill.executor.uniproc import UniprocExecutor
+
+            executor = UniprocExecutor(config)
+        self.executor = executor
+        self.vocab_size = int(config.model_config.hf_config.vocab_size)
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        max_model_len = self.config.scheduler_config.max_model_len
+        validate_prompt_length(len(req.prompt_token_ids), max_model_len)
+        bad = [t for t in req.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt has token id(s) {bad[:5]} outside the vocabulary of {self.vocab_size}")
+        sp = req.sampling_params
+        sp.update_from_model(self.config.model_config.eos_token_ids, self.vocab_size)
+        room = max_model_len - len(req.prompt_token_ids)
+        max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
+        self.scheduler.add_request(Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
+                                           self.config.cache_config.block_size, req.arrival_time, req.priority))
+
+    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.scheduler.finish_requests(request_ids, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens == 0:
+            if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
+                self.executor.execute_model(so)
+            return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+        result = self.executor.execute_model(so)
+        outputs = self.scheduler.update_from_output(so, result)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,82 @@
+"""Front-end side of inputs: tokenize, render chat templates, validate, and make EngineCoreRequests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.config import ModelConfig
+from tokenmill.engine.engine_core import validate_prompt_length
+from tokenmill.engine.messages import EngineCoreRequest
+from tokenmill.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any] | list[int]
+
+
+@dataclass
+class ProcessedPrompt:
+    prompt: str | None
+    prompt_token_ids: list[int]
+
+
+class InputProcessor:
+    def __init__(self, model_config: ModelConfig, tokenizer):
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.vocab_size = int(model_config.hf_config.vocab_size)
+
+    def process_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
+        """A string, {"prompt": str}, {"prompt_token_ids": [...]} (vLLM's form) or a list of token ids."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return self._checked(prompt.get("prompt"), list(prompt["prompt_token_ids"]))
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
+        if isinstance(prompt, (list, tuple)):
+            return self._checked(None, list(prompt))
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt is empty")
+        ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+        return self._checked(prompt, ids)
+
+    def _checked(self, text: str | None, ids: list[int]) -> ProcessedPrompt:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("prompt_token_ids must be integers")
+        validate_prompt_length(len(ids), self.model_config.max_model_len)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids has token id(s) {bad[:5]} outside the vocabulary of {self.vocab_size}")
+        return ProcessedPrompt(text, ids)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **kwargs: Any) -> str:
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError("each message must be an object with a 'role'")
+        if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the model has no chat template; pass chat_template")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  chat_template=chat_template, **kwargs)
+
+    def make_request(self, request_id: str, processed: ProcessedPrompt, params: SamplingParams,
+                     arrival_time: float | None = None, priority: int = 0) -> EngineCoreRequest:
+        params.update_from_model(self.model_config.eos_token_ids, self.vocab_size)
+        return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
+                                 arrival_time if arrival_time is not None else time.time(), priority)
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The SamplingParams of child `index` of an n > 1 request: one completion each, distinct seeds."""
+    if params.n == 1:
+        return params
+    seed = params.seed + index if params.seed is not None else None
+    child = params.clone(n=1, seed=seed)
+    child.all_stop_token_ids = set(params.all_stop_token_ids)
+    return child

@@ -1,0 +1,51 @@
+"""The wire contract between the front end and the engine core (msgspec; in-process and over ZMQ)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from tokenmill.sampling_params import SamplingParams
+
+# (token ids, logprobs, rank of the sampled token) per position: row 0 of ids/logprobs is the sampled token.
+LogprobsLists = tuple[list[list[int]], list[list[float]], list[int]]
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, omit_defaults=True):
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0    # since the previous stats
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0         # since the previous stats
+    num_prompt_tokens: int = 0       # computed since the previous stats
+    num_generation_tokens: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    # Request ids whose add_request failed in the engine, with the reason.
+    errors: dict[str, str] = {}

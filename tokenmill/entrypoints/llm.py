@@ -1,0 +1,112 @@
+"""The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine_core import EngineCore
+from tokenmill.engine.input_processor import InputProcessor, PromptType, child_params
+from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.engine.request import RequestStatus
+from tokenmill.model.loader import load_tokenizer
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+
+class LLM:
+    """Runs the real engine core in-process: continuous batching, paged KV cache, prefix caching."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        self.engine_args = EngineArgs.from_kwargs(model=model, **kwargs)
+        self.config = self.engine_args.create_engine_config()
+        self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
+        self.engine_core = EngineCore(self.config)
+        self.input_processor = InputProcessor(self.config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
+                                                isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else \
+            [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        # Validate everything before anything runs: a bad prompt must not leave half a batch behind.
+        processed = [self.input_processor.process_prompt(p) for p in prompts]
+        return self._run(processed, params, priority, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             **template_kwargs: Any) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        texts = [self.input_processor.apply_chat_template(c, add_generation_prompt, chat_template, **template_kwargs)
+                 for c in conversations]
+        # the template already holds the special tokens: do not add a BOS again
+        processed = [self.input_processor.process_prompt(t, add_special_tokens=False) for t in texts]
+        params = [sampling_params or SamplingParams()] * len(processed)
+        return self._run(processed, params, None, use_tqdm)
+
+    def _run(self, processed, params, priority, use_tqdm: bool) -> list[RequestOutput]:
+        ids = []
+        for i, (p, sp) in enumerate(zip(processed, params)):
+            rid = str(next(self._counter))
+            now = time.time()
+            child_ids = self.output_processor.add_request(rid, p.prompt, p.prompt_token_ids, sp, now)
+            for index, cid in enumerate(child_ids):
+                req = self.input_processor.make_request(cid, p, child_params(sp, index), now,
+                                                        priority[i] if priority else 0)
+                self.engine_core.add_request(req)
+            ids.append(rid)
+        return self._run_engine(ids, use_tqdm)
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(ids)) if use_tqdm else None
+        in_toks = out_toks = 0
+        start = time.perf_counter()
+        try:
+            while self.engine_core.has_unfinished_requests():
+                outputs = self.engine_core.step().outputs
+                done, to_abort = self.output_processor.process_outputs(outputs)
+                if to_abort:
+                    self.engine_core.abort_requests(to_abort, RequestStatus.FINISHED_STOPPED)
+                for _, ro in done:
+                    if ro.finished:
+                        results[ro.request_id] = ro
+                        if bar is not None:
+                            in_toks += len(ro.prompt_token_ids)
+                            out_toks += sum(len(c.token_ids) for c in ro.outputs)
+                            elapsed = time.perf_counter() - start
+                            bar.set_postfix_str(f"est. speed input: {in_toks / elapsed:.2f} toks/s, "
+                                                f"output: {out_toks / elapsed:.2f} toks/s")
+                            bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.engine_core.abort_requests(self.output_processor.abort_request(rid))
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[rid] for rid in ids]
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

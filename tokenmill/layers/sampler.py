@@ -1,0 +1,133 @@
+"""One batched sampler for the whole step: logit bias, min_tokens, penalties, temperature, top-k, top-p,
+min-p and per-request seeds, with logprobs of the raw model output (as vLLM reports them).
+
+Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which draws exactly from p and lets
+a seeded request draw its own noise row from its own generator, so its tokens do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_EPS = 1e-5
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor                    # [B] float32; 0 means greedy
+    all_greedy: bool
+    top_k: torch.Tensor | None = None            # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None            # [B] float32
+    min_p: torch.Tensor | None = None            # [B] float32
+    generators: dict[int, torch.Generator] | None = None  # row -> the request's own generator
+    max_num_logprobs: int | None = None
+    presence_penalty: torch.Tensor | None = None  # [B]; penalties are None when no row uses them
+    frequency_penalty: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    prompt_token_ids: list[list[int]] | None = None
+    output_token_ids: list[list[int]] | None = None
+    logit_bias: list[dict[int, float] | None] | None = None
+    stop_token_mask: list[tuple[int, list[int]]] | None = None  # rows still under min_tokens: ids to forbid
+
+
+@dataclass
+class SamplerOutput:
+    sampled: torch.Tensor                                 # [B] int64
+    logprob_token_ids: torch.Tensor | None = None         # [B, 1 + k]: the sampled token, then the top k
+    logprobs: torch.Tensor | None = None                  # [B, 1 + k]
+    sampled_ranks: torch.Tensor | None = None             # [B]
+
+
+class Sampler:
+    def __init__(self, default_generator: torch.Generator | None = None):
+        self.default_generator = default_generator
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
+        logits = self._apply_constraints(logits, md)
+        greedy = logits.argmax(dim=-1)
+        if md.all_greedy:
+            sampled = greedy
+        else:
+            sampled = torch.where(md.temperature < _EPS, greedy, self._sample(logits, md))
+        out = SamplerOutput(sampled)
+        if raw_logprobs is not None:
+            gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs, out)
+        return out
+
+    @staticmethod
+    def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if md.logit_bias is not None:
+            for row, bias in enumerate(md.logit_bias):
+                if bias:
+                    ids = torch.tensor(list(bias.keys()))
+                    logits[row, ids] += torch.tensor(list(bias.values()))
+        if md.stop_token_mask:
+            for row, ids in md.stop_token_mask:
+                logits[row, ids] = float("-inf")
+        if md.repetition_penalty is not None:
+            logits = apply_penalties(logits, md)
+        return logits
+
+    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        temp = torch.where(md.temperature < _EPS, torch.ones_like(md.temperature), md.temperature)
+        logits = logits / temp[:, None]
+        if md.top_k is not None:
+            logits = apply_top_k(logits, md.top_k)
+        if md.top_p is not None:
+            logits = apply_top_p(logits, md.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        if md.min_p is not None:
+            probs = probs.masked_fill(probs < md.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        q = torch.empty_like(probs).exponential_(generator=self.default_generator)
+        for row, gen in (md.generators or {}).items():
+            q[row].exponential_(generator=gen)
+        return (probs / q).argmax(dim=-1)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    k = torch.where(top_k <= 0, torch.full_like(top_k, logits.shape[-1]), top_k).clamp(max=logits.shape[-1])
+    kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = (cum - sorted_logits.softmax(dim=-1)) > top_p[:, None]  # keep tokens until the mass reaches top_p
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    b, vocab = logits.shape
+    out_counts = torch.zeros(b, vocab + 1)
+    for row, ids in enumerate(md.output_token_ids or []):
+        if ids:
+            out_counts[row].index_add_(0, torch.tensor(ids), torch.ones(len(ids)))
+    out_counts = out_counts[:, :vocab]
+    seen = out_counts > 0
+    for row, ids in enumerate(md.prompt_token_ids or []):
+        if ids:
+            seen[row, torch.tensor(ids)] = True
+    rep = md.repetition_penalty[:, None].expand(b, vocab)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    logits = logits - md.frequency_penalty[:, None] * out_counts
+    return logits - md.presence_penalty[:, None] * (out_counts > 0).float()
+
+
+def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, k: int, out: SamplerOutput) -> None:
+    """Row i: the chosen token's logprob first, then the top k; plus the chosen token's rank (1 = best)."""
+    chosen_lp = logprobs.gather(1, chosen[:, None])
+    ids, lps = [chosen[:, None]], [chosen_lp]
+    if k > 0:
+        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        ids.append(top.indices)
+        lps.append(top.values)
+    out.logprob_token_ids = torch.cat(ids, dim=1)
+    out.logprobs = torch.cat(lps, dim=1)
+    out.sampled_ranks = (logprobs > chosen_lp).sum(dim=-1) + 1

@@ -1,0 +1,117 @@
+"""Read a GGUF file: its metadata as a transformers config, and its tensors dequantized to HF names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+# GGUF architecture -> (HF architecture, HF model_type)
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+# llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
+_PERMUTED_QK = {"llama", "mistral"}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@lru_cache(maxsize=4)
+def _reader(path: str):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_architecture(path: str) -> str:
+    return str(_field(_reader(path), "general.architecture"))
+
+
+def gguf_hf_config(path: str):
+    """Build the transformers config from the GGUF metadata (no tokenizer parsing: fast)."""
+    from transformers import AutoConfig
+
+    r = _reader(path)
+    arch = gguf_architecture(path)
+    if arch not in _ARCHS:
+        raise ValueError(f"unknown architecture {arch!r} in {path}; supported GGUF architectures: "
+                         f"{', '.join(sorted(_ARCHS))}")
+    hf_arch, model_type = _ARCHS[arch]
+
+    def g(key, default=None):
+        return _field(r, f"{arch}.{key}", default)
+
+    n_heads = int(g("attention.head_count"))
+    hidden = int(g("embedding_length"))
+    tensor_names = {t.name for t in r.tensors}
+    vocab = g("vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
+    kwargs = dict(
+        architectures=[hf_arch], vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(g("feed_forward_length")), num_hidden_layers=int(g("block_count")),
+        num_attention_heads=n_heads, num_key_value_heads=int(g("attention.head_count_kv", n_heads)),
+        head_dim=int(g("attention.key_length", hidden // n_heads)),
+        max_position_embeddings=int(g("context_length", 2048)),
+        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        bos_token_id=_field(r, "tokenizer.ggml.bos_token_id"), eos_token_id=_field(r, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_field(r, "tokenizer.ggml.padding_token_id"),
+    )
+    rope = {"rope_type": "default", "rope_theta": float(g("rope.freq_base", 10000.0))}
+    scaling = g("rope.scaling.type")
+    if scaling in ("linear", "llama3"):
+        rope.update(rope_type=scaling, factor=float(g("rope.scaling.factor", 1.0)))
+    kwargs["rope_parameters"] = rope
+    kwargs["rope_theta"] = rope["rope_theta"]
+    if model_type == "llama":
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m:
+        sub = _LAYER_NAMES.get(m.group(2))
+        return f"model.layers.{m.group(1)}.{sub}.{m.group(3)}" if sub else None
+    m = re.fullmatch(r"(\w+)\.(weight|bias)", gguf_name)
+    if m and m.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor, dequantized with the gguf package."""
+    from gguf.quants import dequantize
+
+    r = _reader(path)
+    arch = gguf_architecture(path)
+    for t in r.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
+        if arch in _PERMUTED_QK and (".q_proj." in name or ".k_proj." in name):
+            heads = hf_config.num_attention_heads if ".q_proj." in name else hf_config.num_key_value_heads
+            w = _unpermute(w, heads)
+        yield name, torch.from_numpy(np.ascontiguousarray(w))
