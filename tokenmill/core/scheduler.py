@@ -29,6 +29,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._stats = SchedulerStats()
+        self.peak_blocks_in_use = 0
+        self.peak_token_share = 0.0  # at the peak of blocks in use: the share of their slots holding real tokens
 
     # ---- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -146,7 +148,15 @@ class Scheduler:
                               finished_req_ids=self.finished_req_ids,
                               preempted_req_ids={r.request_id for r in preempted})
         self.finished_req_ids = set()
+        self._track_peak()
         return out
+
+    def _track_peak(self) -> None:
+        pool = self.kv_cache_manager.pool
+        in_use = pool.num_blocks - pool.num_free_blocks
+        if in_use > self.peak_blocks_in_use:
+            self.peak_blocks_in_use = in_use
+            self.peak_token_share = sum(r.num_computed_tokens for r in self.running) / (in_use * self.block_size)
 
     # ---- results -------------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:

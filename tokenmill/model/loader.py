@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -83,8 +84,9 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config))
 
 
+@functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str):
-    """A transformers fast tokenizer; for a GGUF file it is built from the file's own vocabulary."""
+    """A transformers fast tokenizer; for a GGUF file it is built from the file's own vocabulary (slow: cached)."""
     from transformers import AutoTokenizer
 
     p = Path(path)

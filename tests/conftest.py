@@ -1,0 +1,109 @@
+"""Shared fixtures: tiny random models of each supported family written to temp folders (no hub), the
+embedded SmolLM2, and a reference greedy run with transformers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY_BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=1024, vocab_size=49152, initializer_range=0.3,
+                 rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+# family -> (config class name, extra config fields): together they cover GQA, tied and untied embeddings,
+# q/k/v bias, q/k norm, an explicit head_dim, rope_theta and the linear and llama3 rope scalings.
+TINY_FAMILIES = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False, rope_theta=50000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256})),
+    "llama_linear": ("LlamaConfig", dict(tie_word_embeddings=True, rope_scaling={"rope_type": "linear",
+                                                                                  "factor": 2.0})),
+    "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32)),
+}
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf() -> str:
+    from tokenmill.model.source import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def smol_llm():
+    """The embedded SmolLM2 in fp32, shared by the tests that only read from it."""
+    from tokenmill import LLM
+
+    return LLM(dtype="float32", kv_cache_memory="512MiB")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(embedded_gguf):
+    from tokenmill.model.loader import load_tokenizer
+
+    return load_tokenizer(embedded_gguf)
+
+
+def build_tiny_model(family: str, folder: Path, tokenizer) -> Path:
+    import transformers
+
+    cls_name, extra = TINY_FAMILIES[family]
+    cfg = getattr(transformers, cls_name)(**{**TINY_BASE, **extra})
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smol_tokenizer):
+    """A function family -> folder; each family is built once per session."""
+    cache: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in cache:
+            cache[family] = build_tiny_model(family, tmp_path_factory.mktemp(f"tiny-{family}"), smol_tokenizer)
+        return cache[family]
+
+    return make
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens for one prompt (no padding), and the raw logits of every step [N, V]."""
+    out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                         min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
+                         eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    tokens = out.sequences[0, len(prompt_ids):].tolist()
+    return tokens, torch.stack(out.logits, dim=1)[0].float()
+
+
+# Two candidates whose logits differ by less than this are a tie in fp32: either pick is right.
+TIE_TOLERANCE = 1e-4
+
+
+def assert_greedy_matches(ours: list[int], ours_logprobs: list[float] | None, ref: list[int],
+                          ref_logits: torch.Tensor, logprob_atol: float = 1e-4) -> None:
+    """Token-for-token equality with transformers. At the first difference the reference logits must show
+    an explicit tie between the two tokens (after which the sequences legitimately diverge); logprobs of the
+    chosen tokens must agree up to there."""
+    ref_logprobs = torch.log_softmax(ref_logits, dim=-1)
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            gap = abs(float(ref_logits[step, a] - ref_logits[step, b]))
+            assert gap < TIE_TOLERANCE, (f"step {step}: tokenmill chose {a}, transformers {b}; their logits differ by "
+                                         f"{gap:.2e}, which is not a tie")
+            return
+        if ours_logprobs is not None:
+            ref_lp = float(ref_logprobs[step, b])
+            assert abs(ours_logprobs[step] - ref_lp) <= logprob_atol, \
+                f"step {step}: logprob {ours_logprobs[step]} vs transformers {ref_lp}"
+    assert len(ours) == len(ref), f"{len(ours)} tokens vs transformers' {len(ref)}"

@@ -1,0 +1,94 @@
+"""Block pool and KV-cache manager, with fake requests and no model."""
+
+from __future__ import annotations
+
+from tokenmill.core.block_hash import hash_block_tokens
+from tokenmill.core.block_pool import BlockPool
+from tokenmill.core.kv_cache_manager import KVCacheManager
+from tokenmill.engine.request import Request
+from tokenmill.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_req(rid: str, tokens: list[int], **sp) -> Request:
+    return Request(rid, tokens, SamplingParams(**sp), max_tokens=16, block_size=BS)
+
+
+def test_allocate_and_free_ref_counts():
+    pool = BlockPool(8)
+    blocks = pool.get_new_blocks(3)
+    assert [b.ref_cnt for b in blocks] == [1, 1, 1] and pool.num_free_blocks == 5
+    assert 0 not in {b.block_id for b in blocks}, "block 0 is the null block and is never handed out"
+    pool.touch(blocks[:1])
+    pool.free_blocks(blocks)
+    assert blocks[0].ref_cnt == 1 and pool.num_free_blocks == 7
+    pool.free_blocks(blocks[:1])
+    assert pool.num_free_blocks == 8
+
+
+def test_hash_chaining():
+    a = hash_block_tokens(None, [1, 2, 3, 4])
+    b = hash_block_tokens(a, [5, 6, 7, 8])
+    assert b != hash_block_tokens(None, [5, 6, 7, 8]), "a block's hash depends on its parent"
+    assert b == hash_block_tokens(hash_block_tokens(None, [1, 2, 3, 4]), [5, 6, 7, 8])
+    assert hash_block_tokens(a, [5, 6, 7, 9]) != b
+    req = make_req("r", list(range(10)))
+    assert len(req.block_hashes) == 2 and req.block_hashes[1].value == hash_block_tokens(
+        req.block_hashes[0], [4, 5, 6, 7]).value
+    req.append_output_token_ids(10)
+    req.append_output_token_ids(11)
+    assert len(req.block_hashes) == 3
+
+
+def test_collision_is_not_trusted():
+    pool = BlockPool(4)
+    [block] = pool.get_new_blocks(1)
+    h = hash_block_tokens(None, [1, 2, 3, 4])
+    pool.cache_full_blocks([block], [h], 0, 1)
+    forged = type(h)(h.value, (9, 9, 9, 9))   # same hash value, other tokens
+    assert pool.get_cached_block(h) is block and pool.get_cached_block(forged) is None
+
+
+def test_prefix_hit_skips_computed_tokens():
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    a = make_req("a", list(range(10)))
+    blocks, n = kv.get_computed_blocks(a)
+    assert n == 0
+    kv.allocate_slots(a, 10)
+    b = make_req("b", list(range(8)) + [50, 51, 52])
+    blocks, n = kv.get_computed_blocks(b)
+    assert n == 8 and [x.block_id for x in blocks] == kv.get_block_ids("a")[:2]
+    kv.allocate_slots(b, 3, blocks, n)
+    assert blocks[0].ref_cnt == 2
+    # a fully cached prompt still recomputes its last token, for its logits
+    c = make_req("c", list(range(8)))
+    _, n = kv.get_computed_blocks(c)
+    assert n == 4
+    assert kv.stats.queries == 10 + 11 + 8 and kv.stats.hits == 8 + 4
+
+
+def test_lru_eviction_order():
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    old, new = make_req("old", list(range(100, 108))), make_req("new", list(range(200, 208)))
+    kv.allocate_slots(old, 8)
+    kv.allocate_slots(new, 8)
+    kv.free(old)
+    kv.free(new)
+    # freed tail first: old's 2nd block, old's 1st, new's 2nd, new's 1st are evicted in that order
+    kv.allocate_slots(make_req("x", list(range(300, 304))), 4)
+    assert kv.get_computed_blocks(make_req("o", list(range(100, 109))))[1] == 4   # old's tail block is gone
+    assert kv.get_computed_blocks(make_req("n", list(range(200, 209))))[1] == 8   # new is intact
+    kv.allocate_slots(make_req("y", list(range(400, 404))), 4)
+    assert kv.get_computed_blocks(make_req("o2", list(range(100, 109))))[1] == 0
+
+
+def test_allocation_fails_without_side_effects():
+    kv = KVCacheManager(num_blocks=3, block_size=BS)
+    a = make_req("a", list(range(12)))
+    assert kv.allocate_slots(a, 12) is not None
+    b = make_req("b", list(range(50, 55)))
+    assert kv.allocate_slots(b, 5) is None
+    assert kv.pool.num_free_blocks == 0 and "b" not in kv.req_to_blocks
+    kv.free(a)
+    assert kv.pool.num_free_blocks == 3

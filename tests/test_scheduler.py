@@ -1,0 +1,167 @@
+"""The scheduler with fake requests and a fake model: budgets, chunking, preemption and clean-up."""
+
+from __future__ import annotations
+
+import random
+
+from tokenmill.config import CacheConfig, SchedulerConfig
+from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.core.scheduler import Scheduler
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_scheduler(num_blocks=64, budget=32, max_seqs=8, policy="fcfs", caching=True, max_len=256):
+    return Scheduler(SchedulerConfig(budget, max_seqs, max_len, True, policy),
+                     CacheConfig(BS, num_blocks, caching))
+
+
+def add(s: Scheduler, rid: str, n_prompt: int, max_tokens: int = 4, priority: int = 0, base: int = 0) -> Request:
+    req = Request(rid, [base + i % 97 + 3 for i in range(n_prompt)], SamplingParams(max_tokens=max_tokens,
+                  ignore_eos=True), max_tokens, BS, priority=priority)
+    s.add_request(req)
+    return req
+
+
+class FakeRunner:
+    """Tracks computed tokens like a model runner and returns token 1 for every request that samples."""
+
+    def __init__(self):
+        self.computed: dict[str, int] = {}
+        self.known: dict[str, int] = {}
+
+    def __call__(self, so: SchedulerOutput, s: Scheduler) -> ModelRunnerOutput:
+        for rid in so.finished_req_ids | so.preempted_req_ids:
+            self.computed.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            self.computed[new.req_id] = new.num_computed_tokens
+            self.known[new.req_id] = len(new.token_ids)
+        for c in so.scheduled_cached_reqs:
+            assert self.computed[c.req_id] == c.num_computed_tokens
+        ids, sampled = [], []
+        for rid, n in so.num_scheduled_tokens.items():
+            self.computed[rid] += n
+            ids.append(rid)
+            done = self.computed[rid] >= self.known[rid]
+            sampled.append([1] if done else [])
+            if done:
+                self.known[rid] += 1
+        return ModelRunnerOutput(ids, sampled)
+
+
+def run_to_completion(s: Scheduler, runner: FakeRunner, max_steps=1000, check=None):
+    outputs = []
+    for _ in range(max_steps):
+        if not s.has_unfinished_requests():
+            return outputs
+        so = s.schedule()
+        if check:
+            check(so)
+        outputs += s.update_from_output(so, runner(so, s))
+    raise AssertionError("did not finish")
+
+
+def test_budgets_are_never_exceeded():
+    rng = random.Random(0)
+    s = make_scheduler(num_blocks=40, budget=24, max_seqs=5)
+    for i in range(30):
+        add(s, f"r{i}", rng.randint(1, 60), max_tokens=rng.randint(1, 12), base=i * 100)
+
+    def check(so):
+        assert so.total_num_scheduled_tokens <= 24
+        assert len(so.num_scheduled_tokens) <= 5
+        assert len(s.running) <= 5
+
+    outputs = run_to_completion(s, FakeRunner(), check=check)
+    finished = {o.request_id for o in outputs if o.finished}
+    assert finished == {f"r{i}" for i in range(30)}
+    assert s.kv_cache_manager.pool.num_free_blocks == 40
+
+
+def test_long_prompt_is_chunked():
+    s = make_scheduler(budget=16)
+    add(s, "long", 50)
+    steps = []
+    runner = FakeRunner()
+    while s.has_unfinished_requests():
+        so = s.schedule()
+        steps.append(so.num_scheduled_tokens.get("long", 0))
+        s.update_from_output(so, runner(so, s))
+    assert steps[:4] == [16, 16, 16, 2] and steps[4:] == [1, 1, 1]
+
+
+def test_decodes_go_first():
+    s = make_scheduler(budget=10)
+    add(s, "a", 3, max_tokens=10)
+    runner = FakeRunner()
+    so = s.schedule()
+    s.update_from_output(so, runner(so, s))
+    add(s, "b", 30, base=500)
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"a": 1, "b": 9}
+
+
+def test_preemption_then_resume():
+    s = make_scheduler(num_blocks=6, budget=64, max_seqs=4)
+    add(s, "old", 8, max_tokens=8)
+    add(s, "new", 8, max_tokens=8, base=300)
+    runner = FakeRunner()
+    preempted_seen = set()
+
+    def check(so):
+        preempted_seen.update(so.preempted_req_ids)
+
+    outputs = run_to_completion(s, runner, check=check)
+    assert s.num_preemptions >= 1 and preempted_seen == {"new"}, "the newest request is preempted"
+    done = {o.request_id: o for o in outputs if o.finished}
+    assert set(done) == {"old", "new"} and all(o.finish_reason == "length" for o in done.values())
+    assert sum(len(o.new_token_ids) for o in outputs if o.request_id == "new") == 8
+    assert s.kv_cache_manager.pool.num_free_blocks == 6
+
+
+def test_priority_policy_preempts_lowest_priority():
+    s = make_scheduler(num_blocks=6, budget=64, max_seqs=4, policy="priority")
+    add(s, "important", 8, max_tokens=8, priority=0)
+    add(s, "background", 8, max_tokens=8, priority=5, base=300)
+    seen = set()
+    run_to_completion(s, FakeRunner(), check=lambda so: seen.update(so.preempted_req_ids))
+    assert seen == {"background"}
+
+
+def test_priority_queue_order():
+    s = make_scheduler(budget=4, max_seqs=1, policy="priority")
+    add(s, "late", 4, priority=3)
+    add(s, "urgent", 4, priority=-1, base=200)
+    assert list(s.schedule().num_scheduled_tokens) == ["urgent"]
+
+
+def test_pool_is_free_after_mixed_finish_and_abort():
+    rng = random.Random(3)
+    s = make_scheduler(num_blocks=30, budget=20, max_seqs=6)
+    runner = FakeRunner()
+    for i in range(25):
+        add(s, f"r{i}", rng.randint(1, 40), max_tokens=rng.randint(1, 10), base=(i % 3) * 7)
+    for step in range(400):
+        if not s.has_unfinished_requests():
+            break
+        if step % 5 == 2:
+            live = list(s.requests)
+            s.finish_requests(rng.sample(live, k=min(2, len(live))), RequestStatus.FINISHED_ABORTED)
+        so = s.schedule()
+        s.update_from_output(so, runner(so, s))
+    assert not s.has_unfinished_requests()
+    pool = s.kv_cache_manager.pool
+    assert pool.num_free_blocks == 30 and all(b.ref_cnt == 0 for b in pool.blocks)
+    assert s.kv_cache_manager.req_to_blocks == {}
+
+
+def test_prefix_cache_hit_in_scheduler():
+    s = make_scheduler(budget=64)
+    runner = FakeRunner()
+    add(s, "first", 20)
+    run_to_completion(s, runner)
+    add(s, "second", 22)
+    so = s.schedule()
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 20 and so.num_scheduled_tokens["second"] == 2

@@ -1,0 +1,46 @@
+"""Benchmark prompts: random token ids from a seed, the same way the peer scripts make them, so every
+engine sees exactly the same input tokens (ids below 17 are SmolLM2's special tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FIRST_NORMAL_ID = 17
+
+# The standard workloads of shared/workloads.md: requests, input (suffix) length, output length, shared prefix.
+WORKLOADS = {
+    "W1": dict(num_prompts=128, input_len=256, output_len=128, prefix_len=0, dataset_seed=1),
+    "W2": dict(num_prompts=1, input_len=128, output_len=256, prefix_len=0, dataset_seed=2),
+    "W3": dict(num_prompts=64, input_len=32, output_len=64, prefix_len=1024, dataset_seed=3),
+    "W4": dict(num_prompts=64, input_len=256, output_len=128, prefix_len=0, dataset_seed=0),
+}
+
+
+@dataclass
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int
+
+
+def random_requests(num_prompts: int, input_len: int, output_len: int, prefix_len: int = 0, seed: int = 0,
+                    vocab_size: int = 49152) -> list[BenchRequest]:
+    """A shared prefix (if any) then a distinct random body per request, drawn with numpy's PCG64."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(prefix_len,), dtype=np.int64).tolist() \
+        if prefix_len else []
+    body = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(num_prompts, input_len), dtype=np.int64).tolist()
+    return [BenchRequest(prefix + b, output_len) for b in body]
+
+
+def apply_workload(ns) -> None:
+    """Fill --num-prompts/--input-len/--output-len/--prefix-len/--dataset-seed from --workload where not given."""
+    if getattr(ns, "workload", None):
+        for key, value in WORKLOADS[ns.workload].items():
+            if getattr(ns, key, None) is None:
+                setattr(ns, key, value)
+    defaults = dict(num_prompts=100, input_len=256, output_len=128, prefix_len=0, dataset_seed=0)
+    for key, value in defaults.items():
+        if getattr(ns, key, None) is None:
+            setattr(ns, key, value)
