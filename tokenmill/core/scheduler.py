@@ -9,6 +9,8 @@ running request is preempted: its blocks go back and it is recomputed later; not
 
 from __future__ import annotations
 
+import time
+
 from tokenmill.config import CacheConfig, SchedulerConfig
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.request_queue import make_queue
@@ -130,6 +132,7 @@ class Scheduler:
             req.num_computed_tokens = num_computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
+                req.first_scheduled_time = time.time()
             num_scheduled[req.request_id] = num_new
             budget -= num_new
             admitted.append(req)
@@ -175,7 +178,9 @@ class Scheduler:
                 if self._check_stop(req, tok):
                     break
             out = EngineCoreOutput(rid, new_ids, new_logprobs=result.logprobs.get(rid),
-                                   new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0))
+                                   new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0),
+                                   scheduled_time=req.first_scheduled_time if req.num_output_tokens <= len(new_ids)
+                                   else 0.0)
             if req.status.finished:
                 out.finish_reason, out.stop_reason = req.status.finish_reason, req.stop_reason
                 self.running.remove(req)

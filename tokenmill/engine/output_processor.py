@@ -52,9 +52,19 @@ class ParentState:
         return all(c.finish_reason is not None for c in self.children)
 
 
+@dataclass
+class IterationStats:
+    """Latencies seen while processing outputs, for the metrics: drained by whoever records them."""
+    ttfts: list[float] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)
+    # (finish reason, e2e latency, queue time, prompt tokens, generated tokens) per finished request
+    finished: list[tuple[str, float, float, int, int]] = field(default_factory=list)
+
+
 class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.stats = IterationStats()
         self.token_text = token_text_cache(tokenizer)
         self.parents: dict[str, ParentState] = {}
         self.children: dict[str, tuple[ParentState, ChildState]] = {}
@@ -88,6 +98,10 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
 
+    def take_stats(self) -> IterationStats:
+        stats, self.stats = self.stats, IterationStats()
+        return stats
+
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[tuple[ParentState, RequestOutput]],
                                                                           list[str]]:
         """Returns the outputs to deliver (with their parent) and child ids to abort in the engine
@@ -114,8 +128,14 @@ class OutputProcessor:
 
     def _update_child(self, parent: ParentState, child: ChildState, out: EngineCoreOutput, now: float) -> bool:
         m = parent.metrics
+        if out.scheduled_time and m.first_scheduled_time is None:
+            m.first_scheduled_time = out.scheduled_time
         if out.new_token_ids:
-            m.first_token_time = m.first_token_time or now
+            if m.first_token_time is None:
+                m.first_token_time = now
+                self.stats.ttfts.append(now - m.arrival_time)
+            elif m.last_token_time is not None:
+                self.stats.itls.append(now - m.last_token_time)
             m.last_token_time = now
         parent.num_cached_tokens = out.num_cached_tokens
         if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None and child.index == 0:
@@ -142,6 +162,10 @@ class OutputProcessor:
             child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
         if child.finish_reason is not None and parent.finished:
             m.finished_time = now
+            queued = (m.first_scheduled_time or m.arrival_time) - m.arrival_time
+            generated = sum(len(c.token_ids) for c in parent.children)
+            self.stats.finished.append((child.finish_reason, now - m.arrival_time, max(queued, 0.0),
+                                        len(parent.prompt_token_ids), generated))
         return stopped_by_string and out.finish_reason is None
 
     def _logprob_dicts(self, lists: LogprobsLists) -> list[dict[int, Logprob]]:

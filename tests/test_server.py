@@ -1,0 +1,217 @@
+"""End to end: a real `tokenmill serve` process and the official openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import openai
+import pytest
+import requests
+from server_utils import ServerProcess
+
+pytestmark = pytest.mark.slow
+KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProcess("--api-key", KEY, "--kv-cache-memory", "128MiB", "--dtype", "float32",
+                      "--served-model-name", "smol")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def _auth():
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def _metric(server, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(server.url + "/metrics").text
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == name:
+                return sample.value
+    raise KeyError(name)
+
+
+def test_completion_and_chat(client):
+    c = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=12, temperature=0)
+    assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 12 and c.choices[0].text
+    ch = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is 2+2?"}],
+                                        max_tokens=30, temperature=0)
+    assert "4" in ch.choices[0].message.content and ch.choices[0].message.role == "assistant"
+    assert ch.usage.prompt_tokens > 5
+
+
+def test_streaming_with_usage_matches_non_streaming(client):
+    kw = dict(model="smol", prompt="The capital of France is", max_tokens=16, temperature=0)
+    full = client.completions.create(**kw).choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full
+    assert chunks[-1].usage.completion_tokens == 16 and chunks[-1].choices == []
+    chat = list(client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi!"}],
+                                               max_tokens=8, temperature=0, stream=True,
+                                               stream_options={"include_usage": True}))
+    assert chat[0].choices[0].delta.role == "assistant" and chat[-1].usage.completion_tokens >= 1
+
+
+def test_n_logprobs_and_stop(client):
+    c = client.completions.create(model="smol", prompt="Name a colour:", max_tokens=6, n=2, temperature=1.0,
+                                  seed=5, logprobs=2)
+    assert sorted(ch.index for ch in c.choices) == [0, 1]
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 6 and all(len(t) >= 2 for t in lp.top_logprobs)
+    ch = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Count to five."}],
+                                        max_tokens=10, temperature=0, logprobs=True, top_logprobs=3)
+    content = ch.choices[0].logprobs.content
+    assert len(content) >= 1 and len(content[0].top_logprobs) == 3
+    full = client.completions.create(model="smol", prompt="1, 2, 3, 4,", max_tokens=16, temperature=0).choices[0]
+    stop = full.text[4:7]
+    cut = client.completions.create(model="smol", prompt="1, 2, 3, 4,", max_tokens=16, temperature=0,
+                                    stop=[stop]).choices[0]
+    assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
+
+
+def test_16_concurrent_streams(client):
+    prompts = [f"Story number {i}: once upon a time" for i in range(16)]
+    expected = [client.completions.create(model="smol", prompt=p, max_tokens=10, temperature=0).choices[0].text
+                for p in prompts[:4]]
+
+    def stream(p):
+        parts = [c.choices[0].text for c in client.completions.create(
+            model="smol", prompt=p, max_tokens=10, temperature=0, stream=True, extra_body={"ignore_eos": True})
+            if c.choices]
+        return "".join(parts)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(stream, prompts))
+    assert texts[:4] == expected and all(texts)
+
+
+def test_disconnect_frees_blocks(server):
+    body = {"model": "smol", "prompt": "Tell me a long story", "max_tokens": 2000, "stream": True,
+            "ignore_eos": True}
+    with requests.post(server.url + "/v1/completions", json=body, headers=_auth(), stream=True) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith(b"data:") for line in got)
+        assert _metric(server, "tokenmill:kv_cache_usage_perc") > 0
+    deadline = time.time() + 20
+    while time.time() < deadline and _metric(server, "tokenmill:kv_cache_usage_perc") > 0:
+        time.sleep(0.2)
+    assert _metric(server, "tokenmill:kv_cache_usage_perc") == 0
+    assert _metric(server, "tokenmill:num_requests_running") == 0
+
+
+def test_auth(server):
+    r = requests.get(server.url + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert requests.get(server.url + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert requests.get(server.url + "/health").status_code == 200
+    assert requests.get(server.url + "/metrics").status_code == 200
+    models = requests.get(server.url + "/v1/models", headers=_auth()).json()
+    assert models["data"][0]["id"] == "smol"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "temperature": -1}, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "n": 0}, "n"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+    ({"prompt": ""}, None),
+    ({"max_tokens": 3}, "prompt"),
+    ({"prompt": [99999999]}, None),
+])
+def test_bad_completion_inputs_get_400(server, body, param):
+    r = requests.post(server.url + "/v1/completions", json=body, headers=_auth())
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] == "invalid_request_error" and err["code"] == 400
+    if param:
+        assert err["param"] == param
+
+
+def test_malformed_json_long_prompt_and_unknown_model(server):
+    r = requests.post(server.url + "/v1/completions", data="{not json", headers={**_auth(),
+                      "Content-Type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    limit = requests.get(server.url + "/v1/models", headers=_auth()).json()["data"][0]["max_model_len"]
+    r = requests.post(server.url + "/v1/completions", json={"prompt": [100] * (limit + 5), "max_tokens": 1},
+                      headers=_auth())
+    assert r.status_code == 400 and str(limit + 5) in r.json()["error"]["message"] and \
+        str(limit) in r.json()["error"]["message"]
+    r = requests.post(server.url + "/v1/chat/completions", json={"model": "gpt-9", "messages": [
+        {"role": "user", "content": "hi"}]}, headers=_auth())
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = requests.post(server.url + "/v1/chat/completions", json={"messages": []}, headers=_auth())
+    assert r.status_code == 400
+
+
+def test_metrics_tokenize_detokenize_version(server, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(model="smol", prompt="Hello", max_tokens=3, temperature=0)
+    families = {f.name for f in text_string_to_metric_families(requests.get(server.url + "/metrics").text)}
+    for name in ("tokenmill:num_requests_running", "tokenmill:kv_cache_usage_perc", "tokenmill:prompt_tokens",
+                 "tokenmill:generation_tokens", "tokenmill:time_to_first_token_seconds",
+                 "tokenmill:inter_token_latency_seconds", "tokenmill:e2e_request_latency_seconds",
+                 "tokenmill:request_queue_time_seconds", "tokenmill:request_success", "tokenmill:num_preemptions",
+                 "tokenmill:prefix_cache_queries", "tokenmill:prefix_cache_hits", "tokenmill:num_requests_waiting"):
+        assert name in families, name
+    assert _metric(server, "tokenmill:generation_tokens_total") >= 3
+    tok = requests.post(server.url + "/tokenize", json={"prompt": "Hello world"}, headers=_auth()).json()
+    assert tok["count"] == len(tok["tokens"]) == 2
+    text = requests.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}, headers=_auth()).json()
+    assert text["prompt"] == "Hello world"
+    assert json.loads(requests.get(server.url + "/version").text)["version"]
+
+
+def test_engine_death_fails_health_and_exits():
+    import os
+    import signal
+
+    s = ServerProcess("--kv-cache-memory", "64MiB")
+    try:
+        os.kill(s.engine_pid(), signal.SIGKILL)
+        codes = []
+        deadline = time.time() + 30
+        while time.time() < deadline and s.proc.poll() is None:
+            try:
+                codes.append(requests.get(s.url + "/health", timeout=1).status_code)
+            except requests.ConnectionError:
+                codes.append(None)
+            time.sleep(0.1)
+        assert codes and codes[-1] != 200, "health kept answering 200 with the engine dead"
+        assert s.proc.wait(30) != 0
+    finally:
+        s.stop()
+
+
+def test_sigterm_drains_in_flight_requests():
+    import signal
+
+    s = ServerProcess("--kv-cache-memory", "64MiB")
+    try:
+        body = {"prompt": "Count slowly", "max_tokens": 40, "stream": True, "ignore_eos": True}
+        with requests.post(s.url + "/v1/completions", json=body, stream=True) as r:
+            lines = r.iter_lines()
+            next(lines)
+            s.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == b"data: [DONE]"
+        finishes = [json.loads(x[5:])["choices"][0]["finish_reason"] for x in rest[:-1]
+                    if x.startswith(b"data: {")]
+        assert finishes[-1] == "length"
+        assert s.proc.wait(30) == 0
+    finally:
+        s.stop()

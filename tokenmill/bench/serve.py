@@ -1,0 +1,187 @@
+"""`tokenmill bench serve`: a streaming load generator for any OpenAI-compatible server (tokenmill, vLLM,
+llama.cpp), with Poisson arrivals or all at once, reporting TTFT, TPOT, ITL and end-to-end latency."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenmill.bench.datasets import apply_workload, random_requests
+from tokenmill.bench.report import emit, percentiles
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+
+
+def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="The server, without the endpoint path.")
+    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
+    p.add_argument("--model", default=None, help="Model name to send (default: the server's first /v1/models).")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--workload", choices=["W4"], default=None, help="W4 of shared/workloads.md.")
+    p.add_argument("--dataset", choices=["random"], default="random")
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--input-len", type=int, default=None)
+    p.add_argument("--output-len", type=int, default=None)
+    p.add_argument("--prefix-len", type=int, default=None)
+    p.add_argument("--dataset-seed", type=int, default=None)
+    p.add_argument("--request-rate", default="inf", help="Requests per second (Poisson arrivals), or inf.")
+    p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrivals; 1 is Poisson.")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="Force every output to --output-len tokens.")
+    p.add_argument("--tokenizer", default=None, help="Tokenizer for chat prompts (default: the embedded model's).")
+    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="Seconds before one request counts as failed.")
+
+
+def _payload(ns, model: str, prompt_ids: list[int], prompt_text: str | None, output_len: int) -> dict:
+    body = {"model": model, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ns.ignore_eos:
+        body.update(ignore_eos=True, min_tokens=output_len)
+    if ns.endpoint == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": prompt_text}]
+        body["max_completion_tokens"] = output_len
+    else:
+        body["prompt"] = prompt_ids
+    return body
+
+
+async def _one(session, ns, url: str, headers: dict, body: dict, prompt_len: int) -> RequestResult:
+    import aiohttp
+
+    res = RequestResult(prompt_len=prompt_len)
+    start = last = time.perf_counter()
+    chunks = 0
+    usage_tokens = None
+    try:
+        async with session.post(url, json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=ns.timeout)) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return res
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                msg = json.loads(data)
+                if msg.get("usage"):
+                    usage_tokens = msg["usage"].get("completion_tokens")
+                choices = msg.get("choices") or []
+                text = ""
+                if choices:
+                    c = choices[0]
+                    text = c.get("text") or (c.get("delta") or {}).get("content") or ""
+                if not text:
+                    continue
+                t = time.perf_counter()
+                if chunks == 0:
+                    res.ttft = t - start
+                else:
+                    res.itl.append(t - last)
+                last = t
+                chunks += 1
+        res.latency = time.perf_counter() - start
+        res.output_tokens = usage_tokens if usage_tokens is not None else chunks
+        res.success = chunks > 0
+        if not res.success:
+            res.error = "no tokens received"
+    except Exception as e:  # noqa: BLE001 - a failed request is a result, not a crash
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def _first_model(session, base_url: str, headers: dict) -> str:
+    async with session.get(base_url + "/v1/models", headers=headers) as resp:
+        return (await resp.json())["data"][0]["id"]
+
+
+async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        yield i
+        if rate != float("inf") and i < n - 1:
+            await asyncio.sleep(rng.gamma(burstiness, 1.0 / (rate * burstiness)))
+
+
+async def _run(ns) -> dict:
+    import aiohttp
+
+    apply_workload(ns)
+    reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed,
+                           ns.vocab_size)
+    texts = [None] * len(reqs)
+    if ns.endpoint == "/v1/chat/completions":
+        from tokenmill.model.loader import load_tokenizer
+        from tokenmill.model.source import resolve_model
+
+        tok = load_tokenizer(ns.tokenizer or resolve_model(None).path)
+        texts = [tok.decode(r.prompt_token_ids) for r in reqs]
+    headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
+    rate = float(ns.request_rate)
+    sem = asyncio.Semaphore(ns.max_concurrency) if ns.max_concurrency else None
+    url = ns.base_url.rstrip("/") + ns.endpoint
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        model = ns.model or await _first_model(session, ns.base_url.rstrip("/"), headers)
+
+        async def limited(i: int) -> RequestResult:
+            body = _payload(ns, model, reqs[i].prompt_token_ids, texts[i], reqs[i].output_len)
+            if sem is None:
+                return await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
+            async with sem:
+                return await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
+
+        start = time.perf_counter()
+        tasks = []
+        async for i in _arrivals(len(reqs), rate, ns.burstiness, ns.dataset_seed):
+            tasks.append(asyncio.create_task(limited(i)))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return _summarize(ns, model, rate, results, duration)
+
+
+def _summarize(ns, model: str, rate: float, results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.success]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    summary = dict(base_url=ns.base_url, endpoint=ns.endpoint, model=model, request_rate=str(rate),
+                   max_concurrency=ns.max_concurrency, num_prompts=len(results), successful_requests=len(ok),
+                   failed_requests=len(results) - len(ok), duration_s=duration,
+                   request_throughput=len(ok) / duration, output_throughput=out_tokens / duration,
+                   total_token_throughput=(in_tokens + out_tokens) / duration, total_input_tokens=in_tokens,
+                   total_output_tokens=out_tokens)
+    summary.update(percentiles([r.ttft for r in ok], "ttft"))
+    summary.update(percentiles(tpots, "tpot"))
+    summary.update(percentiles([x for r in ok for x in r.itl], "itl"))
+    summary.update(percentiles([r.latency for r in ok], "e2el"))
+    errors = sorted({r.error for r in results if not r.success})
+    if errors:
+        summary["errors"] = errors[:5]
+    return summary
+
+
+def run_serve_bench(ns: argparse.Namespace) -> int:
+    summary = asyncio.run(_run(ns))
+    emit(summary, "Serving benchmark", ns.output_json)
+    for e in summary.get("errors", []):
+        print(f"error: {e}")
+    return 0 if summary["failed_requests"] == 0 else 1

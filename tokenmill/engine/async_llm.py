@@ -1,0 +1,133 @@
+"""The server's engine: tokenization and detokenization here, the engine core in its own process.
+
+`generate()` is an async iterator of RequestOutputs; leaving it early (a client that disconnects)
+aborts the request in the engine at once, so its blocks are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.core_client import AsyncMPClient, EngineDeadError
+from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt, child_params
+from tokenmill.engine.messages import EngineCoreOutputs
+from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.model.loader import load_tokenizer
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, stat_observers: list[Callable[[EngineCoreOutputs], None]] | None = None,
+                 output_observers: list[Callable[[RequestOutput], None]] | None = None):
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_config.tokenizer)
+        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.stat_observers = stat_observers or []
+        self.output_observers = output_observers or []
+        self.client: AsyncMPClient | None = None
+        self.dead = False
+        self._loop_task: asyncio.Task | None = None
+        self.on_dead: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        t0 = time.perf_counter()
+        self.client = AsyncMPClient(self.config)
+        await self.client.wait_ready()
+        logger.info("engine core ready in %.1f s", time.perf_counter() - t0)
+        self._loop_task = asyncio.create_task(self._output_loop())
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.output_processor.parents)
+
+    async def generate(self, prompt: ProcessedPrompt, params: SamplingParams, request_id: str,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        if self.dead:
+            raise EngineDeadError("the engine core is not running")
+        queue: asyncio.Queue = asyncio.Queue()
+        now = time.time()
+        child_ids = self.output_processor.add_request(request_id, prompt.prompt, prompt.prompt_token_ids, params,
+                                                      now, queue=queue)
+        finished = False
+        try:
+            for index, cid in enumerate(child_ids):
+                req = self.input_processor.make_request(cid, prompt, child_params(params, index), now, priority)
+                await self.client.add_request(req)
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        ids = self.output_processor.abort_request(request_id)
+        if ids and not self.dead:
+            await self.client.abort_requests(ids)
+
+    async def _output_loop(self) -> None:
+        while True:
+            try:
+                outputs = await self.client.get_output()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broken socket means the engine is gone
+                logger.exception("reading engine outputs failed")
+                outputs = None
+                self.client.proc.kill()
+            if outputs is None:
+                if not self.client.is_alive:
+                    self._engine_died()
+                    return
+                continue
+            self._handle(outputs)
+
+    def _handle(self, outputs: EngineCoreOutputs) -> None:
+        for cid, message in outputs.errors.items():
+            entry = self.output_processor.children.get(cid)
+            if entry is not None:
+                parent = entry[0]
+                self.output_processor.abort_request(parent.request_id)
+                parent.queue.put_nowait(ValueError(message))
+        results, to_abort = self.output_processor.process_outputs(outputs.outputs)
+        for parent, ro in results:
+            parent.queue.put_nowait(ro)
+            for observe in self.output_observers:
+                observe(ro)
+        if to_abort:
+            asyncio.create_task(self.client.abort_requests(to_abort))
+        for observe in self.stat_observers:
+            observe(outputs)
+
+    def _engine_died(self) -> None:
+        self.dead = True
+        logger.error("the engine core process died (exit code %s)", self.client.proc.exitcode)
+        for parent in list(self.output_processor.parents.values()):
+            parent.queue.put_nowait(EngineDeadError("the engine core died"))
+        self.output_processor.parents.clear()
+        self.output_processor.children.clear()
+        if self.on_dead:
+            self.on_dead()
+
+    async def shutdown(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+        if self.client:
+            self.client.shutdown()

@@ -1,0 +1,158 @@
+"""The engine core in its own process, reached over ZMQ `ipc://` sockets with msgspec messages.
+
+Front end -> engine: multipart [kind, payload] on a PUSH/PULL pair (ADD, ABORT, SHUTDOWN).
+Engine -> front end: msgpack-encoded EngineCoreOutputs on a second PUSH/PULL pair, one per step with work,
+and a stats-only one when the engine goes idle (so gauges such as KV usage fall back to zero).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+import uuid
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+ADD, ABORT, SHUTDOWN, READY = b"ADD", b"ABORT", b"SHUTDOWN", b"READY"
+_IDLE_POLL_MS = 1000
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> None:
+    """Entry point of the engine-core process: load the model, then the busy loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API server decides when the engine stops
+    from tokenmill.engine.engine_core import EngineCore
+
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.connect(input_addr)
+    out = ctx.socket(zmq.PUSH)
+    out.connect(output_addr)
+    core = EngineCore(config)
+    out.send_multipart([READY, b""])
+    encoder = msgspec.msgpack.Encoder()
+    decode_req = msgspec.msgpack.Decoder(EngineCoreRequest).decode
+    decode_ids = msgspec.msgpack.Decoder(list[str]).decode
+    try:
+        while True:
+            busy = core.has_unfinished_requests()
+            errors: dict[str, str] = {}
+            had_input = False
+            if inp.poll(0 if busy else _IDLE_POLL_MS):
+                while True:
+                    try:
+                        kind, payload = inp.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    had_input = True
+                    if kind == SHUTDOWN:
+                        return
+                    if kind == ADD:
+                        req = decode_req(payload)
+                        try:
+                            core.add_request(req)
+                        except ValueError as e:
+                            errors[req.request_id] = str(e)
+                    elif kind == ABORT:
+                        core.abort_requests(decode_ids(payload))
+            if core.has_unfinished_requests():
+                outputs = core.step()
+                outputs.errors = errors
+                out.send_multipart([b"OUT", encoder.encode(outputs)])
+            elif had_input:
+                stats = core.scheduler.make_stats()
+                out.send_multipart([b"OUT", encoder.encode(EngineCoreOutputs(scheduler_stats=stats, errors=errors,
+                                                                             timestamp=time.time()))])
+    finally:
+        core.shutdown()
+        inp.close(linger=0)
+        out.close(linger=0)
+        ctx.term()
+
+
+class AsyncMPClient:
+    """The front end's handle on the engine-core process."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._dir = tempfile.mkdtemp(prefix="tokenmill-")
+        base = f"ipc://{self._dir}/{uuid.uuid4().hex[:8]}"
+        self.input_addr, self.output_addr = base + "-in", base + "-out"
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(self.input_addr)
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(self.output_addr)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        mp = multiprocessing.get_context("spawn")
+        self.proc = mp.Process(target=run_engine_core, args=(config, self.input_addr, self.output_addr),
+                               name="tokenmill-engine-core", daemon=True)
+        self.proc.start()
+
+    async def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.output.poll(500):
+                kind, _ = await self.output.recv_multipart()
+                if kind == READY:
+                    return
+            if not self.proc.is_alive():
+                raise EngineDeadError(f"the engine core process exited during start-up (code {self.proc.exitcode})")
+        raise EngineDeadError("the engine core did not become ready in time")
+
+    @property
+    def is_alive(self) -> bool:
+        return self.proc.is_alive()
+
+    async def add_request(self, req: EngineCoreRequest) -> None:
+        await self.input.send_multipart([ADD, self.encoder.encode(req)])
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            await self.input.send_multipart([ABORT, self.encoder.encode(request_ids)])
+
+    async def get_output(self, timeout_ms: int = 1000) -> EngineCoreOutputs | None:
+        """The next outputs, or None after `timeout_ms` with nothing (so the caller can check liveness)."""
+        if not await self.output.poll(timeout_ms):
+            return None
+        _, payload = await self.output.recv_multipart()
+        return self.decoder.decode(payload)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self.proc.is_alive():
+            try:
+                self.input.send_multipart([SHUTDOWN, b""], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(1)
+        self.input.close(linger=0)
+        self.output.close(linger=0)
+        self.ctx.term()
+        for name in os.listdir(self._dir):
+            try:
+                os.unlink(os.path.join(self._dir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
+

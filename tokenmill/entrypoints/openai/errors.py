@@ -1,0 +1,29 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.responses import JSONResponse
+
+from tokenmill.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          503: "service_unavailable_error", 500: "internal_server_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def param_of(message: str) -> str | None:
+    """Our ValueErrors start with the field they are about (`top_p must be ...`)."""
+    m = re.match(r"([a-z_]+) (must|has|is)\b", message)
+    return m.group(1) if m else None

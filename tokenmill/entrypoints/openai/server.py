@@ -1,0 +1,191 @@
+"""The OpenAI-compatible API server: FastAPI app, routes, auth, errors, health, and process lifetime."""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import os
+import signal
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tokenmill import __version__
+from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.engine.core_client import EngineDeadError
+from tokenmill.entrypoints.openai.errors import APIError, error_response
+from tokenmill.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    now,
+)
+from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, _messages
+from tokenmill.entrypoints.openai.serving_common import ServingContext, value_error
+from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tokenmill.metrics import Metrics
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+_OPEN_PATHS = ("/health", "/metrics", "/version")
+
+
+def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
+              max_waiting_requests: int | None) -> FastAPI:
+    ctx = ServingContext(engine, served_model_name, max_waiting_requests)
+    completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="tokenmill", version=__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        if api_key and not request.url.path.startswith(_OPEN_PATHS):
+            given = request.headers.get("authorization", "")
+            expected = f"Bearer {api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return error_response(401, "Unauthorized: a valid API key is required")
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError):
+        return error_response(e.status, e.message, e.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        message = "; ".join(f"{'.'.join(str(x) for x in er.get('loc', ()) if x != 'body') or 'body'}: "
+                            f"{er.get('msg')}" for er in errs) or "invalid request"
+        return error_response(400, message, loc[0] if loc else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException):
+        return error_response(e.status_code, str(e.detail))
+
+    @app.exception_handler(ValueError)
+    async def bad_value(_: Request, e: ValueError):
+        err = value_error(e)
+        return error_response(400, err.message, err.param)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, e: EngineDeadError):
+        return error_response(503, str(e))
+
+    @app.get("/health")
+    async def health():
+        if engine.dead or engine.client is None or not engine.client.is_alive:
+            return error_response(503, "the engine core is not running")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        metrics.record_frontend(engine.output_processor.take_stats())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": now(),
+                                            "owned_by": "tokenmill", "root": engine.config.model_config.model,
+                                            "max_model_len": ctx.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def create_completion(req: CompletionRequest, raw: Request):
+        return await completions.create(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
+        return await chat.create(req, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        ctx.check_model(req.model)
+        ip = engine.input_processor
+        if req.messages is not None:
+            text = ip.apply_chat_template(_messages(req), req.add_generation_prompt)  # type: ignore[arg-type]
+            tokens = engine.tokenizer(text, add_special_tokens=False).input_ids
+        elif req.prompt is not None:
+            tokens = engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+        else:
+            raise APIError(400, "give prompt or messages", "prompt")
+        return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        ctx.check_model(req.model)
+        vocab = engine.input_processor.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens has id(s) {bad[:5]} outside the vocabulary of {vocab}", "tokens")
+        return {"prompt": engine.tokenizer.decode(req.tokens)}
+
+    return app
+
+
+def run_server(ns: argparse.Namespace) -> int:
+    """Start the engine core and the API server; returns the process exit code."""
+    import torch
+    import uvicorn
+
+    from tokenmill.cli.args import engine_args_from
+
+    torch.set_num_threads(1)  # the model's threads belong to the engine-core process
+    args = engine_args_from(ns)
+    config = args.create_engine_config()
+    name = config.model_config.served_model_name
+    api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
+    metrics = Metrics(name)
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine])
+    app = build_app(engine, metrics, name, api_key, ns.max_waiting_requests)
+    server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                                    timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
+
+    def engine_died() -> None:
+        server.exit_code = 1
+        server.should_exit = True
+
+    engine.on_dead = engine_died
+    logger.info("serving %s on http://%s:%d (API key %s)", name, ns.host, ns.port, "required" if api_key else "off")
+    server.run()
+    if server.exit_code:
+        logger.error("exiting: the engine core died")
+    return server.exit_code
+
+
+class _Server:
+    """uvicorn's server, with SIGTERM/SIGINT turning on draining (new requests get 503) before it stops."""
+
+    def __new__(cls, config, ctx: ServingContext):
+        import uvicorn
+
+        class DrainingServer(uvicorn.Server):
+            exit_code = 0
+
+            def handle_exit(self, sig: int, frame) -> None:
+                if not ctx.draining:
+                    logger.info("received %s: draining in-flight requests", signal.Signals(sig).name)
+                ctx.draining = True
+                super().handle_exit(sig, frame)
+                if sig == signal.SIGTERM and hasattr(self, "_captured_signals"):
+                    # a drained SIGTERM is a clean stop: exit 0 rather than re-raising the signal
+                    self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+        return DrainingServer(config)
