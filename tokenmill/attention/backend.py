@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,6 +22,8 @@ class AttentionMetadata:
     seq_lens_np: np.ndarray
     max_query_len: int
     max_seq_len: int
+    # What a backend derives once per step and every layer reuses (keyed by backend name).
+    backend_plan: dict = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 from tokenmill.attention.backend import AttentionBackend
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
 
 
 def available_backends() -> list[str]:
-    return ["torch_ref", "torch_sdpa"]
+    return ["cpu", "torch_sdpa", "torch_ref"]
 
 
 def default_backend_name(device: str) -> str:
-    return "torch_sdpa"
+    return "cpu" if device == "cpu" else "torch_sdpa"
 
 
 def get_backend(name: str | None, device: str) -> AttentionBackend:
+    explicit = name is not None
     name = name or default_backend_name(device)
+    if name == "cpu":
+        from tokenmill.attention.cpu import CpuPagedBackend
+
+        try:
+            return CpuPagedBackend()
+        except RuntimeError:
+            if explicit:
+                raise
+            logger.warning("falling back to the torch_sdpa attention backend")
+            name = "torch_sdpa"
     if name == "torch_ref":
         from tokenmill.attention.torch_ref import TorchRefBackend
 

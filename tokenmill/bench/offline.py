@@ -32,6 +32,7 @@ def run_throughput(ns: argparse.Namespace) -> int:
     llm.generate({"prompt_token_ids": reqs[0].prompt_token_ids[:16]}, _params(4), use_tqdm=False)  # warm-up
     llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
+    llm.engine_core.profile.reset()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, _params(ns.output_len), use_tqdm=not ns.disable_tqdm)
     elapsed = time.perf_counter() - t0
@@ -46,7 +47,11 @@ def run_throughput(ns: argparse.Namespace) -> int:
         total_output_tokens=out_toks, num_preemptions=llm.engine_core.scheduler.num_preemptions,
         prefix_cache_hit_tokens=sum(o.num_cached_tokens for o in outs),
         peak_kv_token_share=llm.engine_core.scheduler.peak_token_share)
+    if ns.profile:
+        result["profile"] = {k: round(v, 3) for k, v in llm.engine_core.profile.seconds.items()}
     emit(result, "Throughput benchmark", ns.output_json)
+    if ns.profile:
+        print(llm.engine_core.profile.table())
     return 0
 
 

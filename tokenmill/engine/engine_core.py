@@ -12,6 +12,7 @@ from tokenmill.core.scheduler import Scheduler
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.executor.base import Executor
+from tokenmill.profiling import StepProfile
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -34,6 +35,7 @@ class EngineCore:
 
             executor = UniprocExecutor(config)
         self.executor = executor
+        self.profile = getattr(executor, "profile", None) or StepProfile()
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
 
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -56,13 +58,16 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
-        so = self.scheduler.schedule()
+        with self.profile.phase("schedule"):
+            so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
             if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
                 self.executor.execute_model(so)
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
         result = self.executor.execute_model(so)
-        outputs = self.scheduler.update_from_output(so, result)
+        with self.profile.phase("update_from_output"):
+            outputs = self.scheduler.update_from_output(so, result)
+        self.profile.steps += 1
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
 
     def shutdown(self) -> None:

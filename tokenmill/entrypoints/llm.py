@@ -83,7 +83,8 @@ class LLM:
         try:
             while self.engine_core.has_unfinished_requests():
                 outputs = self.engine_core.step().outputs
-                done, to_abort = self.output_processor.process_outputs(outputs)
+                with self.engine_core.profile.phase("output_processing"):
+                    done, to_abort = self.output_processor.process_outputs(outputs)
                 if to_abort:
                     self.engine_core.abort_requests(to_abort, RequestStatus.FINISHED_STOPPED)
                 for _, ro in done:

@@ -19,6 +19,7 @@ class UniprocExecutor(Executor):
         self.runner = ModelRunner(config, device_type())
         self.runner.load_model()
         self.runner.initialize_kv_cache()
+        self.profile = self.runner.profile
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

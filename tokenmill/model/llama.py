@@ -13,7 +13,7 @@ from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.layers.attention import PagedAttention
-from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
+from tokenmill.layers.linear import Embedding, Linear, MergedLinear, PackedWeight, RMSNorm, onednn_packing_helps
 from tokenmill.layers.rotary import RotaryEmbedding, rope_parameters
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -110,11 +110,21 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg, backend, max_positions)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.packed_lm_head: PackedWeight | None = None
+
+    def process_weights_after_loading(self) -> None:
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.process_weights_after_loading()
+        if onednn_packing_helps(self.lm_head.weight):  # a tied head gets its own packed copy
+            self.packed_lm_head = PackedWeight(self.lm_head.weight, None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, md)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_lm_head is not None:
+            return self.packed_lm_head(hidden).float()
         return F.linear(hidden, self.lm_head.weight).float()
 
     def attention_layers(self) -> list[PagedAttention]:

@@ -128,6 +128,7 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
         weights = iter_safetensors(model_config.model)
     with torch.no_grad():
         model.load_weights(weights)
+        model.process_weights_after_loading()
     model.eval()
     n = sum(p.numel() for p in model.parameters())
     logger.info("loaded %s: %.1f M parameters in %s on %s in %.1f s", type(model).__name__, n / 1e6,

@@ -17,6 +17,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, gather_logprobs
 from tokenmill.model.loader import DTYPES, load_model
+from tokenmill.profiling import StepProfile
 from tokenmill.utils import format_bytes, init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 
@@ -46,6 +47,7 @@ class ModelRunner:
         self.sampler = Sampler(default_gen)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.profile = StepProfile()
 
     def load_model(self) -> None:
         backend = get_backend(self.config.attention_backend, self.device)
@@ -95,11 +97,11 @@ class ModelRunner:
         positions = start[req_idx] + np.arange(total) - qsl[req_idx]
         input_ids = np.concatenate([s.token_buf[b: b + k] for s, b, k in zip(states, start, n)])
         max_blocks = max(len(s.block_ids) for s in states)
-        block_table = np.zeros((len(states), max_blocks), dtype=np.int64)
+        block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
         for i, s in enumerate(states):
             block_table[i, : len(s.block_ids)] = s.block_ids
         bs = self.block_size
-        slot_mapping = block_table[req_idx, positions // bs] * bs + positions % bs
+        slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = start + n
         num_tokens = np.fromiter((s.num_tokens for s in states), dtype=np.int64, count=len(states))
         sampling_rows = np.nonzero(seq_lens >= num_tokens)[0]
@@ -116,26 +118,33 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
-        inp = self._prepare_inputs(so)
-        hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+        with self.profile.phase("prepare_inputs"):
+            inp = self._prepare_inputs(so)
+        with self.profile.phase("forward"):
+            hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
         sampled: list[list[int]] = [[] for _ in inp.req_ids]
         result = ModelRunnerOutput(inp.req_ids, sampled)
-        self._prompt_logprobs(inp, hidden, result)
-        if inp.sampling_rows:
-            states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
-            logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
-            out = self.sampler(logits, self._sampling_metadata(states))
-            token_ids = out.sampled.tolist()
-            for row, state, tok in zip(inp.sampling_rows, states, token_ids):
-                state.append_token(tok)
-                sampled[row] = [tok]
-            if out.logprobs is not None:
-                ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
-                for i, state in enumerate(states):
-                    k = state.sampling_params.logprobs
-                    if k is not None:
-                        result.logprobs[state.req_id] = ([ids[i][: k + 1]], [lps[i][: k + 1]], [ranks[i]])
+        with self.profile.phase("sample"):
+            self._prompt_logprobs(inp, hidden, result)
+            if inp.sampling_rows:
+                self._sample(inp, hidden, result)
         return result
+
+    def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
+        sampled = result.sampled_token_ids
+        states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
+        logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+        out = self.sampler(logits, self._sampling_metadata(states))
+        token_ids = out.sampled.tolist()
+        for row, state, tok in zip(inp.sampling_rows, states, token_ids):
+            state.append_token(tok)
+            sampled[row] = [tok]
+        if out.logprobs is not None:
+            ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
+            for i, state in enumerate(states):
+                k = state.sampling_params.logprobs
+                if k is not None:
+                    result.logprobs[state.req_id] = ([ids[i][: k + 1]], [lps[i][: k + 1]], [ranks[i]])
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         sps = [s.sampling_params for s in states]

@@ -1,0 +1,318 @@
+// Paged attention for CPU: walks each request's block table directly, so every K/V byte is read once,
+// with an online softmax in fp32 and the query heads that share a KV head processed together.
+//
+// One task per (request, kv head); OpenMP spreads the tasks over the cores. Query row t of request i sits
+// at position seq_len - q_len + t and sees keys 0..that position (causal within the new tokens).
+// Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] for K and for V.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(at::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline float to_float(double x) { return static_cast<float>(x); }
+inline void from_float(float x, float* out) { *out = x; }
+inline void from_float(float x, double* out) { *out = x; }
+inline void from_float(float x, at::BFloat16* out) { *out = at::BFloat16(x); }
+
+// Load D values as fp32 (the compiler vectorises the bf16 -> fp32 shift).
+template <typename T>
+inline void load_row(const T* __restrict src, float* __restrict dst, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) dst[j] = to_float(src[j]);
+}
+
+// exp(x) as 2^n * 2^f with a degree-6 polynomial for 2^f: ~1e-7 relative error, and it vectorises.
+inline float fast_exp(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.44269504088896341f;
+  const float fi = std::floor(t);
+  const float f = t - fi;
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  const int32_t e = (static_cast<int32_t>(fi) + 127) << 23;
+  return p * std::bit_cast<float>(e);
+}
+
+// Per-thread scratch, grown once and reused by every task (no allocation per task).
+struct Scratch {
+  std::vector<float> q, acc, m, l, k, v, s;
+  void fit(int64_t rows, int64_t d, int64_t block_size) {
+    if (static_cast<int64_t>(q.size()) < rows * d) { q.resize(rows * d); acc.resize(rows * d); }
+    if (static_cast<int64_t>(m.size()) < rows) { m.resize(rows); l.resize(rows); }
+    if (static_cast<int64_t>(k.size()) < block_size * d) { k.resize(block_size * d); v.resize(block_size * d); }
+    if (static_cast<int64_t>(s.size()) < rows * block_size) s.resize(rows * block_size);
+  }
+};
+
+// One (request, kv head): rows = q_len * group query vectors sharing every K/V load. D is a compile-time
+// constant for the common head sizes so the dot products and updates unroll into whole vector registers.
+template <typename T, int64_t D>
+void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
+                int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
+                int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
+                float scale) {
+  const int64_t d = D > 0 ? D : d_rt;
+  thread_local Scratch sc;
+  const int64_t rows = q_len * group;
+  sc.fit(rows, d, block_size);
+  float* __restrict qf = sc.q.data();
+  float* __restrict acc = sc.acc.data();
+  float* __restrict m = sc.m.data();
+  float* __restrict l = sc.l.data();
+  float* __restrict kf = sc.k.data();
+  float* __restrict vf = sc.v.data();
+  float* __restrict s = sc.s.data();  // s[r * block_size + j]: scores, then probabilities, of one block
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const T* src = q + t * q_token_stride + (kv_head * group + g) * q_head_stride;
+      float* dst = qf + (t * group + g) * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * scale;
+    }
+  std::fill(acc, acc + rows * d, 0.0f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0f);
+  const int64_t first_pos = seq_len - q_len;  // position of query token 0
+  const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * block_size;
+    const int64_t n = std::min(block_size, seq_len - start);
+    const int64_t base = static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    for (int64_t j = 0; j < n; ++j) {
+      load_row(k_cache + base + j * kv_token_stride, kf + j * d, d);
+      load_row(v_cache + base + j * kv_token_stride, vf + j * d, d);
+    }
+    // the first query token that sees any key of this block; rows before it skip the block
+    const int64_t t0 = std::max<int64_t>(0, start - first_pos);
+    for (int64_t t = t0; t < q_len; ++t) {
+      const int64_t visible = std::min(n, first_pos + t - start + 1);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = t * group + g;
+        const float* qr = qf + r * d;
+        float* sr = s + r * block_size;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* kr = kf + j * d;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
+          sr[j] = dot;
+        }
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
+        const float new_max = std::max(m[r], block_max);
+        const float correction = fast_exp(m[r] - new_max);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < visible; ++j) {
+          sr[j] = fast_exp(sr[j] - new_max);
+          sum += sr[j];
+        }
+        l[r] = l[r] * correction + sum;
+        m[r] = new_max;
+        float* ar = acc + r * d;
+#pragma omp simd
+        for (int64_t x = 0; x < d; ++x) ar[x] *= correction;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float p = sr[j];
+          const float* vr = vf + j * d;
+#pragma omp simd
+          for (int64_t x = 0; x < d; ++x) ar[x] += p * vr[x];
+        }
+      }
+    }
+  }
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = t * group + g;
+      const float inv = 1.0f / l[r];
+      T* dst = out + t * q_token_stride + (kv_head * group + g) * q_head_stride;
+      for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
+    }
+}
+
+#if defined(__AVX512F__)
+// The hot case spelled out: head_dim 64 held in four 16-lane registers. Each key is loaded and converted
+// once and scored against every query row that sees it; each value row is loaded once for all rows.
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const double*) { return _mm512_setzero_ps(); }  // never used: d64 is bf16/fp32 only
+
+template <typename T>
+void attend_one_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
+                    int64_t seq_len, int64_t group, int64_t block_size, int64_t kv_head, int64_t q_token_stride,
+                    int64_t kv_token_stride, int64_t kv_block_stride, float scale) {
+  constexpr int64_t d = 64;
+  thread_local Scratch sc;
+  const int64_t rows = q_len * group;
+  sc.fit(rows, d, block_size);
+  float* __restrict qf = sc.q.data();
+  float* __restrict acc = sc.acc.data();
+  float* __restrict m = sc.m.data();
+  float* __restrict l = sc.l.data();
+  float* __restrict s = sc.s.data();
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const T* src = q + t * q_token_stride + (kv_head * group + g) * d;
+      float* dst = qf + (t * group + g) * d;
+      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * scale;
+    }
+  std::fill(acc, acc + rows * d, 0.0f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0f);
+  const int64_t first_pos = seq_len - q_len;
+  const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * block_size;
+    const int64_t n = std::min(block_size, seq_len - start);
+    const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const int64_t t0 = std::max<int64_t>(0, start - first_pos);
+    if (b + 1 < num_blocks) {  // blocks are scattered in memory: fetch the next one while this one computes
+      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d;
+      for (int64_t j = 0; j < block_size; ++j) {
+        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
+        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
+        _mm_prefetch(kp, _MM_HINT_T0);
+        _mm_prefetch(kp + 64, _MM_HINT_T0);
+        _mm_prefetch(vp, _MM_HINT_T0);
+        _mm_prefetch(vp + 64, _MM_HINT_T0);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = kb + j * kv_token_stride;
+      const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
+      const int64_t r0 = std::max(t0, start + j - first_pos) * group;
+      for (int64_t r = r0; r < rows; ++r) {
+        const float* qr = qf + r * d;
+        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
+        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
+        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
+        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
+        s[r * block_size + j] = _mm512_reduce_add_ps(p);
+      }
+    }
+    for (int64_t r = t0 * group; r < rows; ++r) {
+      const int64_t visible = std::min(n, first_pos + r / group - start + 1);
+      float* sr = s + r * block_size;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
+      const float new_max = std::max(m[r], block_max);
+      const float correction = fast_exp(m[r] - new_max);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < visible; ++j) {
+        sr[j] = fast_exp(sr[j] - new_max);
+        sum += sr[j];
+      }
+      l[r] = l[r] * correction + sum;
+      m[r] = new_max;
+      const __m512 c = _mm512_set1_ps(correction);
+      float* ar = acc + r * d;
+      for (int64_t x = 0; x < d; x += 16) _mm512_storeu_ps(ar + x, _mm512_mul_ps(_mm512_loadu_ps(ar + x), c));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = vb + j * kv_token_stride;
+      const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
+      const int64_t r0 = std::max(t0, start + j - first_pos) * group;
+      for (int64_t r = r0; r < rows; ++r) {
+        const __m512 p = _mm512_set1_ps(s[r * block_size + j]);
+        float* ar = acc + r * d;
+        _mm512_storeu_ps(ar, _mm512_fmadd_ps(p, v0, _mm512_loadu_ps(ar)));
+        _mm512_storeu_ps(ar + 16, _mm512_fmadd_ps(p, v1, _mm512_loadu_ps(ar + 16)));
+        _mm512_storeu_ps(ar + 32, _mm512_fmadd_ps(p, v2, _mm512_loadu_ps(ar + 32)));
+        _mm512_storeu_ps(ar + 48, _mm512_fmadd_ps(p, v3, _mm512_loadu_ps(ar + 48)));
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / l[r];
+    T* dst = out + (r / group) * q_token_stride + (kv_head * group + r % group) * d;
+    for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
+  }
+}
+#endif
+
+// rows: the batch rows to compute (the others are left untouched in `out`).
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                     const at::Tensor& rows, double scale) {
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
+  const int64_t hq = q.size(1), d = q.size(2), hkv = k_cache.size(2), block_size = k_cache.size(1);
+  TORCH_CHECK(hq % hkv == 0, "query heads must be a multiple of kv heads");
+  const int64_t group = hq / hkv;
+  auto bt = block_table.contiguous();
+  auto sl = seq_lens.to(at::kLong).contiguous();
+  auto qsl = query_start_loc.to(at::kLong).contiguous();
+  auto rw = rows.to(at::kLong).contiguous();
+  const int64_t* sl_p = sl.data_ptr<int64_t>();
+  const int64_t* qsl_p = qsl.data_ptr<int64_t>();
+  const int64_t* rw_p = rw.data_ptr<int64_t>();
+  const int32_t* bt_p = bt.data_ptr<int32_t>();
+  const int64_t bt_stride = bt.size(1), num_rows = rw.size(0), tasks = num_rows * hkv;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
+    const scalar_t* q_p = q.data_ptr<scalar_t>();
+    scalar_t* o_p = out.data_ptr<scalar_t>();
+    const scalar_t* k_p = k_cache.data_ptr<scalar_t>();
+    const scalar_t* v_p = v_cache.data_ptr<scalar_t>();
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t i = rw_p[task / hkv], h = task % hkv;
+        const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
+        if (q_len == 0) continue;
+#if defined(__AVX512F__)
+        if (d == 64 && !std::is_same_v<scalar_t, double>) {
+          attend_one_d64<scalar_t>(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len,
+                                   sl_p[i], group, block_size, h, hq * d, k_cache.stride(1), k_cache.stride(0),
+                                   static_cast<float>(scale));
+          continue;
+        }
+#endif
+        auto* fn = d == 64 ? &attend_one<scalar_t, 64> : d == 128 ? &attend_one<scalar_t, 128>
+                                                                  : &attend_one<scalar_t, 0>;
+        fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
+           block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale));
+      }
+    });
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tokenmill, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }

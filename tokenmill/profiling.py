@@ -1,0 +1,39 @@
+"""Where an engine step's time goes: scheduling, input preparation, forward, sampling, output processing.
+
+Always on: a few perf_counter calls per step cost microseconds, and `bench throughput --profile` prints it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+
+class StepProfile:
+    PHASES = ("schedule", "prepare_inputs", "forward", "sample", "update_from_output", "output_processing")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.steps = 0
+
+    def table(self) -> str:
+        total = sum(self.seconds.values()) or 1.0
+        lines = [f"{'phase':<22}{'total s':>10}{'share':>8}{'ms/step':>10}"]
+        for name in self.PHASES:
+            s = self.seconds.get(name, 0.0)
+            lines.append(f"{name:<22}{s:>10.2f}{100 * s / total:>7.1f}%{1000 * s / max(self.steps, 1):>10.2f}")
+        lines.append(f"{'steps':<22}{self.steps:>10}")
+        return "\n".join(lines)
