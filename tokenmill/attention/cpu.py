@@ -1,5 +1,5 @@
-"""The CPU backend: the native paged-attention kernel for every row that reads cached K/V (decodes, chunks
-after a prefix), SDPA for fresh prompts (a plain causal attention that oneDNN runs as matmuls)."""
+"""The CPU backend: the native paged-attention kernel for decodes and short chunks after a cached prefix,
+SDPA for prompts and long chunks (attention there is a matrix product that oneDNN runs well)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import torch
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.attention.torch_sdpa import TorchSdpaBackend
+
+
+# Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
+# rows make attention a matrix product, which oneDNN does far better than the kernel's row-by-row dots.
+KERNEL_MAX_QUERY_LEN = 32
 
 
 class CpuPagedBackend(AttentionBackend):
@@ -38,6 +43,6 @@ class CpuPagedBackend(AttentionBackend):
     def _plan(md: AttentionMetadata) -> tuple[torch.Tensor | None, list[int]]:
         """Computed once per step, shared by all layers: which rows the kernel takes, which SDPA takes."""
         q_lens = np.diff(md.query_start_loc_np)
-        fresh = (q_lens > 1) & (md.seq_lens_np == q_lens)
-        kernel = np.nonzero(~fresh & (q_lens > 0))[0]
-        return (torch.from_numpy(kernel) if len(kernel) else None), np.nonzero(fresh)[0].tolist()
+        sdpa = (q_lens > KERNEL_MAX_QUERY_LEN) | ((q_lens > 1) & (md.seq_lens_np == q_lens))
+        kernel = np.nonzero(~sdpa & (q_lens > 0))[0]
+        return (torch.from_numpy(kernel) if len(kernel) else None), np.nonzero(sdpa)[0].tolist()

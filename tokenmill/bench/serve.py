@@ -46,6 +46,12 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--output-json", default=None)
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds before one request counts as failed.")
+    p.add_argument("--sweep-rates", default=None, help="Comma-separated rates to run one after another, e.g. "
+                                                         "0.5,1,2,4,inf (the latency-throughput curve).")
+    p.add_argument("--plot", default=None, help="With --sweep-rates: draw TTFT and ITL p50/p99 against output "
+                                                "tok/s into this PNG.")
+    p.add_argument("--compare", action="append", help="Another sweep's --output-json to overlay on the plot.")
+    p.add_argument("--label", default=None, help="This server's name in the sweep file and plot.")
 
 
 def _payload(ns, model: str, prompt_ids: list[int], prompt_text: str | None, output_len: int) -> dict:
@@ -180,8 +186,35 @@ def _summarize(ns, model: str, rate: float, results: list[RequestResult], durati
 
 
 def run_serve_bench(ns: argparse.Namespace) -> int:
+    if ns.sweep_rates:
+        return _run_sweep(ns)
     summary = asyncio.run(_run(ns))
     emit(summary, "Serving benchmark", ns.output_json)
     for e in summary.get("errors", []):
         print(f"error: {e}")
     return 0 if summary["failed_requests"] == 0 else 1
+
+
+def _run_sweep(ns: argparse.Namespace) -> int:
+    """One run per rate, the same prompts each time; saves all summaries and optionally the latency plot."""
+    import copy
+
+    summaries = []
+    for rate in ns.sweep_rates.split(","):
+        run_ns = copy.copy(ns)
+        run_ns.request_rate = rate.strip()
+        summary = asyncio.run(_run(run_ns))
+        emit(summary, f"Serving benchmark, rate {rate}", None)
+        summaries.append(summary)
+    result = {"label": ns.label or ns.base_url, "runs": summaries}
+    if ns.output_json:
+        with open(ns.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"saved to {ns.output_json}")
+    if ns.plot:
+        from tokenmill.bench.plot import plot_sweeps
+
+        others = [json.load(open(path)) for path in (ns.compare or [])]
+        plot_sweeps([result, *others], ns.plot)
+        print(f"plot saved to {ns.plot}")
+    return 0 if all(s["failed_requests"] == 0 for s in summaries) else 1
