@@ -167,6 +167,126 @@ inline __m512 load16(const at::BFloat16* p) {
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const double*) { return _mm512_setzero_ps(); }  // never used: d64 is bf16/fp32 only
 
+#if defined(__AVX512BF16__)
+// Scores of one 16-key block for every query row that sees part of it. A gather collects the same bf16 pair
+// (d = 2p, 2p+1) of all 16 keys into one register; one dpbf16 per pair then adds that pair's products for
+// all 16 keys at once, with fp32 accumulation. Rows are read straight from q (bf16), scaled afterwards.
+inline void score_block_bf16(const at::BFloat16* kb, const at::BFloat16* q, float* s, int64_t t0, int64_t q_len,
+                             int64_t group, int64_t kv_head, int64_t q_token_stride, int64_t kv_token_stride,
+                             int64_t start, int64_t first_pos, int64_t n, float scale) {
+  constexpr int64_t d = 64, pairs = d / 2, block = 16;
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(static_cast<int32_t>(kv_token_stride / 2)));
+  __m512i kp[pairs];
+  for (int64_t p = 0; p < pairs; ++p) kp[p] = _mm512_i32gather_epi32(idx, kb + 2 * p, 4);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t t = t0; t < q_len; ++t) {
+    const int64_t visible = std::min(n, first_pos + t - start + 1);
+    for (int64_t g = 0; g < group; ++g) {
+      const int32_t* qp = reinterpret_cast<const int32_t*>(q + t * q_token_stride + (kv_head * group + g) * d);
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+      for (int64_t p = 0; p < pairs; p += 2) {
+        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)kp[p], (__m512bh)_mm512_set1_epi32(qp[p]));
+        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)kp[p + 1], (__m512bh)_mm512_set1_epi32(qp[p + 1]));
+      }
+      const __m512 scores = _mm512_mul_ps(_mm512_add_ps(acc0, acc1), vscale);
+      const __mmask16 keep = static_cast<__mmask16>((1u << visible) - 1u);
+      _mm512_mask_storeu_ps(s + (t * group + g) * block, keep, scores);
+    }
+  }
+}
+#endif
+
+// exp on 16 lanes: 2^t = 2^floor(t) * poly(frac(t)), with scalef doing the 2^floor(t) exactly.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, fi);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, fi);
+}
+
+// Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
+// (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
+template <typename T, int R>
+void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t seq_len,
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale) {
+  constexpr int64_t d = 64, block = 16;
+  alignas(64) float s[R * block];
+  alignas(64) float qf[R * d];
+  for (int r = 0; r < R; ++r)
+    for (int64_t x = 0; x < d; ++x) qf[r * d + x] = to_float(q[(kv_head * R + r) * d + x]) * scale;
+  __m512 acc[R][4];
+  float m[R], l[R];
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  const int64_t num_blocks = (seq_len + block - 1) / block;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t n = std::min(block, seq_len - b * block);
+    const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      score_block_bf16(kb, q, s, 0, 1, R, kv_head, 0, kv_token_stride, b * block, seq_len - 1, n, scale);
+    } else
+#endif
+    {
+      for (int64_t j = 0; j < n; ++j) {
+        const T* kr = kb + j * kv_token_stride;
+        const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
+        for (int r = 0; r < R; ++r) {
+          const float* qr = qf + r * d;
+          __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
+          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
+          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
+          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
+          s[r * block + j] = _mm512_reduce_add_ps(p);
+        }
+      }
+    }
+    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sv = _mm512_maskz_loadu_ps(valid, s + r * block);
+      const float new_max = std::max(m[r], _mm512_mask_reduce_max_ps(valid, sv));
+      const float correction = std::exp(m[r] - new_max);
+      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(new_max))));
+      l[r] = l[r] * correction + _mm512_reduce_add_ps(pv);
+      m[r] = new_max;
+      _mm512_store_ps(s + r * block, pv);
+      const __m512 c = _mm512_set1_ps(correction);
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(acc[r][k], c);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = vb + j * kv_token_stride;
+      const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_set1_ps(s[r * block + j]);
+        acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float o[d];
+    const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+    for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
+    T* dst = out + (kv_head * R + r) * d;
+    for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
+  }
+}
+
 template <typename T>
 void attend_one_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
                     int64_t seq_len, int64_t group, int64_t block_size, int64_t kv_head, int64_t q_token_stride,
@@ -208,6 +328,17 @@ void attend_one_d64(const T* q, T* out, const T* k_cache, const T* v_cache, cons
         _mm_prefetch(vp + 64, _MM_HINT_T0);
       }
     }
+    bool scored = false;
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (block_size == 16) {  // bf16 pair dot products: 16 keys per register, no horizontal sums
+        score_block_bf16(kb, q, s, t0, q_len, group, kv_head, q_token_stride, kv_token_stride, start, first_pos,
+                         n, scale);
+        scored = true;
+      }
+    }
+#endif
+    if (!scored) {
     for (int64_t j = 0; j < n; ++j) {
       const T* kr = kb + j * kv_token_stride;
       const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
@@ -220,6 +351,7 @@ void attend_one_d64(const T* q, T* out, const T* k_cache, const T* v_cache, cons
         p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
         s[r * block_size + j] = _mm512_reduce_add_ps(p);
       }
+    }
     }
     for (int64_t r = t0 * group; r < rows; ++r) {
       const int64_t visible = std::min(n, first_pos + r / group - start + 1);
@@ -292,6 +424,15 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
         const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
         if (q_len == 0) continue;
 #if defined(__AVX512F__)
+        if (d == 64 && q_len == 1 && block_size == 16 && group <= 4 && !std::is_same_v<scalar_t, double>) {
+          using Fn = void (*)(const scalar_t*, scalar_t*, const scalar_t*, const scalar_t*, const int32_t*, int64_t,
+                              int64_t, int64_t, int64_t, float);
+          const Fn fns[4] = {&decode_d64<scalar_t, 1>, &decode_d64<scalar_t, 2>, &decode_d64<scalar_t, 3>,
+                             &decode_d64<scalar_t, 4>};
+          fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
+                         k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale));
+          continue;
+        }
         if (d == 64 && !std::is_same_v<scalar_t, double>) {
           attend_one_d64<scalar_t>(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len,
                                    sl_p[i], group, block_size, h, hq * d, k_cache.stride(1), k_cache.stride(0),
