@@ -9,7 +9,6 @@ import torch
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.attention.torch_sdpa import TorchSdpaBackend
 
-
 # Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
 # rows make attention a matrix product, which oneDNN does far better than the kernel's row-by-row dots.
 KERNEL_MAX_QUERY_LEN = 32

@@ -28,7 +28,7 @@ def head_dim_of(cfg) -> int:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, max_positions: int):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = head_dim_of(cfg)
@@ -42,7 +42,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(self.head_dim, max_positions, rope_parameters(cfg))
+        self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, backend)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
@@ -74,10 +74,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, max_positions: int):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, backend, max_positions)
+        self.self_attn = LlamaAttention(cfg, backend, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -90,7 +90,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, max_positions: int):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, max_positions)
+        # one rope table for all layers (not a registered child of each, so it is built and stored once)
+        self.rotary = RotaryEmbedding(head_dim_of(cfg), max_positions, rope_parameters(cfg))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
