@@ -11,7 +11,7 @@ from tokenmill.attention.torch_sdpa import TorchSdpaBackend
 
 # Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
 # rows make attention a matrix product, which oneDNN does far better than the kernel's row-by-row dots.
-KERNEL_MAX_QUERY_LEN = 32
+KERNEL_MAX_QUERY_LEN = 8
 
 
 class CpuPagedBackend(AttentionBackend):

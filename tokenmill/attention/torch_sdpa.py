@@ -1,4 +1,4 @@
-"""A torch-only backend that is fast enough to be the default until a native kernel exists.
+"""A torch-only backend: the fallback where the native CPU kernel cannot be built, and the prompt path of it.
 
 Decode rows (one new token) go through one batched gather + grouped-query matmul with no per-request
 loop (SDPA is pathological for q_len=1 on CPU); prompt rows use SDPA, causal on the fresh K/V when no
@@ -63,8 +63,8 @@ class TorchSdpaBackend(AttentionBackend):
             vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
             mask, causal = torch.arange(seq_len)[None, :] <= q_pos, False
-        if hq != hkv:
-            ki, vi = ki.repeat_interleave(hq // hkv, 0), vi.repeat_interleave(hq // hkv, 0)
-        o = F.scaled_dot_product_attention(qi, ki.to(qi.dtype), vi.to(qi.dtype), attn_mask=mask, is_causal=causal,
-                                           scale=scale)
+        # 4-D inputs reach the fused CPU flash kernel (3-D ones fall back to the math path, ~20x slower);
+        # enable_gqa lets the query heads share their KV head without copies.
+        o = F.scaled_dot_product_attention(qi[None], ki.to(qi.dtype)[None], vi.to(qi.dtype)[None], attn_mask=mask,
+                                           is_causal=causal, scale=scale, enable_gqa=hq != hkv)[0]
         out[start:end] = o.transpose(0, 1)

@@ -37,6 +37,26 @@ class EngineCore:
         self.executor = executor
         self.profile = getattr(executor, "profile", None) or StepProfile()
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One short request through the whole step, so lazy initialisation (thread pools, kernel primitives)
+        is not paid by the first user; its traces are then wiped from the cache and the counters."""
+        from tokenmill.sampling_params import SamplingParams
+
+        t0 = time.perf_counter()
+        prompt = [(17 + i) % self.vocab_size for i in range(48)]
+        self.add_request(EngineCoreRequest("tokenmill-warmup", prompt, SamplingParams(max_tokens=3, ignore_eos=True,
+                                                                                      temperature=0), time.time()))
+        while self.has_unfinished_requests():
+            self.step()
+        sched = self.scheduler
+        sched.kv_cache_manager.pool.reset_prefix_cache()
+        sched.make_stats()
+        sched.num_preemptions = sched.peak_blocks_in_use = 0
+        sched.peak_token_share = 0.0
+        self.profile.reset()
+        logger.info("warm-up step done in %.2f s", time.perf_counter() - t0)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         max_model_len = self.config.scheduler_config.max_model_len
