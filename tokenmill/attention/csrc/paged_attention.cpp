@@ -71,6 +71,37 @@ struct Scratch {
   }
 };
 
+// The query rows of one (request, kv head) as fp32, pre-scaled; row r = t * group + g.
+template <typename T>
+void load_queries(const T* q, float* qf, int64_t q_len, int64_t group, int64_t d, int64_t kv_head,
+                  int64_t q_token_stride, int64_t q_head_stride, float scale) {
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const T* src = q + t * q_token_stride + (kv_head * group + g) * q_head_stride;
+      float* dst = qf + (t * group + g) * d;
+      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * scale;
+    }
+}
+
+inline void reset_state(float* acc, float* m, float* l, int64_t rows, int64_t d) {
+  std::fill(acc, acc + rows * d, 0.0f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0f);
+}
+
+// out = acc / l for every row, back in the model dtype.
+template <typename T>
+void store_rows(T* out, const float* acc, const float* l, int64_t q_len, int64_t group, int64_t d, int64_t kv_head,
+                int64_t q_token_stride, int64_t q_head_stride) {
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = t * group + g;
+      const float inv = 1.0f / l[r];
+      T* dst = out + t * q_token_stride + (kv_head * group + g) * q_head_stride;
+      for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
+    }
+}
+
 // One (request, kv head): rows = q_len * group query vectors sharing every K/V load. D is a compile-time
 // constant for the common head sizes so the dot products and updates unroll into whole vector registers.
 template <typename T, int64_t D>
@@ -89,16 +120,8 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   float* __restrict kf = sc.k.data();
   float* __restrict vf = sc.v.data();
   float* __restrict s = sc.s.data();  // s[r * block_size + j]: scores, then probabilities, of one block
-  for (int64_t t = 0; t < q_len; ++t)
-    for (int64_t g = 0; g < group; ++g) {
-      const T* src = q + t * q_token_stride + (kv_head * group + g) * q_head_stride;
-      float* dst = qf + (t * group + g) * d;
-#pragma omp simd
-      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * scale;
-    }
-  std::fill(acc, acc + rows * d, 0.0f);
-  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + rows, 0.0f);
+  load_queries(q, qf, q_len, group, d, kv_head, q_token_stride, q_head_stride, scale);
+  reset_state(acc, m, l, rows, d);
   const int64_t first_pos = seq_len - q_len;  // position of query token 0
   const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
   for (int64_t b = 0; b < num_blocks; ++b) {
@@ -148,13 +171,7 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
       }
     }
   }
-  for (int64_t t = 0; t < q_len; ++t)
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t r = t * group + g;
-      const float inv = 1.0f / l[r];
-      T* dst = out + t * q_token_stride + (kv_head * group + g) * q_head_stride;
-      for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
-    }
+  store_rows(out, acc, l, q_len, group, d, kv_head, q_token_stride, q_head_stride);
 }
 
 #if defined(__AVX512F__)
@@ -287,111 +304,6 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   }
 }
 
-template <typename T>
-void attend_one_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
-                    int64_t seq_len, int64_t group, int64_t block_size, int64_t kv_head, int64_t q_token_stride,
-                    int64_t kv_token_stride, int64_t kv_block_stride, float scale) {
-  constexpr int64_t d = 64;
-  thread_local Scratch sc;
-  const int64_t rows = q_len * group;
-  sc.fit(rows, d, block_size);
-  float* __restrict qf = sc.q.data();
-  float* __restrict acc = sc.acc.data();
-  float* __restrict m = sc.m.data();
-  float* __restrict l = sc.l.data();
-  float* __restrict s = sc.s.data();
-  for (int64_t t = 0; t < q_len; ++t)
-    for (int64_t g = 0; g < group; ++g) {
-      const T* src = q + t * q_token_stride + (kv_head * group + g) * d;
-      float* dst = qf + (t * group + g) * d;
-      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * scale;
-    }
-  std::fill(acc, acc + rows * d, 0.0f);
-  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + rows, 0.0f);
-  const int64_t first_pos = seq_len - q_len;
-  const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t start = b * block_size;
-    const int64_t n = std::min(block_size, seq_len - start);
-    const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
-    const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
-    const int64_t t0 = std::max<int64_t>(0, start - first_pos);
-    if (b + 1 < num_blocks) {  // blocks are scattered in memory: fetch the next one while this one computes
-      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d;
-      for (int64_t j = 0; j < block_size; ++j) {
-        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
-        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
-        _mm_prefetch(kp, _MM_HINT_T0);
-        _mm_prefetch(kp + 64, _MM_HINT_T0);
-        _mm_prefetch(vp, _MM_HINT_T0);
-        _mm_prefetch(vp + 64, _MM_HINT_T0);
-      }
-    }
-    bool scored = false;
-#if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, at::BFloat16>) {
-      if (block_size == 16) {  // bf16 pair dot products: 16 keys per register, no horizontal sums
-        score_block_bf16(kb, q, s, t0, q_len, group, kv_head, q_token_stride, kv_token_stride, start, first_pos,
-                         n, scale);
-        scored = true;
-      }
-    }
-#endif
-    if (!scored) {
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = kb + j * kv_token_stride;
-      const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
-      const int64_t r0 = std::max(t0, start + j - first_pos) * group;
-      for (int64_t r = r0; r < rows; ++r) {
-        const float* qr = qf + r * d;
-        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
-        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
-        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
-        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
-        s[r * block_size + j] = _mm512_reduce_add_ps(p);
-      }
-    }
-    }
-    for (int64_t r = t0 * group; r < rows; ++r) {
-      const int64_t visible = std::min(n, first_pos + r / group - start + 1);
-      float* sr = s + r * block_size;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
-      const float new_max = std::max(m[r], block_max);
-      const float correction = fast_exp(m[r] - new_max);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < visible; ++j) {
-        sr[j] = fast_exp(sr[j] - new_max);
-        sum += sr[j];
-      }
-      l[r] = l[r] * correction + sum;
-      m[r] = new_max;
-      const __m512 c = _mm512_set1_ps(correction);
-      float* ar = acc + r * d;
-      for (int64_t x = 0; x < d; x += 16) _mm512_storeu_ps(ar + x, _mm512_mul_ps(_mm512_loadu_ps(ar + x), c));
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const T* vr = vb + j * kv_token_stride;
-      const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
-      const int64_t r0 = std::max(t0, start + j - first_pos) * group;
-      for (int64_t r = r0; r < rows; ++r) {
-        const __m512 p = _mm512_set1_ps(s[r * block_size + j]);
-        float* ar = acc + r * d;
-        _mm512_storeu_ps(ar, _mm512_fmadd_ps(p, v0, _mm512_loadu_ps(ar)));
-        _mm512_storeu_ps(ar + 16, _mm512_fmadd_ps(p, v1, _mm512_loadu_ps(ar + 16)));
-        _mm512_storeu_ps(ar + 32, _mm512_fmadd_ps(p, v2, _mm512_loadu_ps(ar + 32)));
-        _mm512_storeu_ps(ar + 48, _mm512_fmadd_ps(p, v3, _mm512_loadu_ps(ar + 48)));
-      }
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / l[r];
-    T* dst = out + (r / group) * q_token_stride + (kv_head * group + r % group) * d;
-    for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
-  }
-}
 #endif
 
 // rows: the batch rows to compute (the others are left untouched in `out`).
@@ -431,12 +343,6 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                              &decode_d64<scalar_t, 4>};
           fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
                          k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale));
-          continue;
-        }
-        if (d == 64 && !std::is_same_v<scalar_t, double>) {
-          attend_one_d64<scalar_t>(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len,
-                                   sl_p[i], group, block_size, h, hq * d, k_cache.stride(1), k_cache.stride(0),
-                                   static_cast<float>(scale));
           continue;
         }
 #endif
