@@ -32,7 +32,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._stats = SchedulerStats()
         self.peak_blocks_in_use = 0
-        self.peak_token_share = 0.0  # at the peak of blocks in use: the share of their slots holding real tokens
+        # at the peak of blocks in use: tokens of the running requests per allocated slot (the share of KV memory
+        # holding real tokens; above 1 when requests share prefix blocks)
+        self.peak_token_share = 0.0
 
     # ---- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

@@ -79,9 +79,21 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         model=source.path, format=source.format, hf_config=hf_config, tokenizer=tokenizer,
         dtype=_resolve_dtype(args.dtype, hf_config, device_type()),
         served_model_name=args.served_model_name or source.name,
-        max_model_len=int(getattr(hf_config, "max_position_embeddings", 2048)),
+        max_model_len=_model_max_len(hf_config),
         num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
         head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config))
+
+
+def _model_max_len(hf_config) -> int:
+    """The model's own limit. Sliding-window attention is not implemented, so a model that uses it is capped at
+    its window, where full attention gives the same result."""
+    limit = int(getattr(hf_config, "max_position_embeddings", 2048))
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True) and window < limit:
+        logger.warning("the model uses a %d-token sliding window, which tokenmill does not implement: "
+                       "max_model_len is capped at %d", window, window)
+        limit = int(window)
+    return limit
 
 
 @functools.lru_cache(maxsize=4)
