@@ -43,7 +43,9 @@ def _resolve_dtype(requested: str, hf_config, device: str) -> str:
         if requested not in DTYPES:
             raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {requested!r}")
         return requested
-    cfg_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    # transformers 5 calls it `dtype` (reading `torch_dtype` there only warns); older configs `torch_dtype`
+    cfg_dtype = getattr(hf_config, "dtype", None) if hasattr(hf_config, "dtype") else \
+        getattr(hf_config, "torch_dtype", None)
     if isinstance(cfg_dtype, str):
         cfg_dtype = DTYPES.get(cfg_dtype)
     dtype = cfg_dtype if cfg_dtype in DTYPES.values() and runs_well(cfg_dtype, device) else default_dtype(device)
