@@ -252,6 +252,17 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
     const int64_t n = std::min(block, seq_len - b * block);
     const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
     const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    if (b + 1 < num_blocks) {  // blocks are scattered and mostly not in cache: start the next one's loads now
+      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d;
+      for (int64_t j = 0; j < block; ++j) {
+        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
+        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
+        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(T)); line += 64) {
+          _mm_prefetch(kp + line, _MM_HINT_T0);
+          _mm_prefetch(vp + line, _MM_HINT_T0);
+        }
+      }
+    }
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16>) {
       score_block_bf16(kb, q, s, 0, 1, R, kv_head, 0, kv_token_stride, b * block, seq_len - 1, n, scale);
