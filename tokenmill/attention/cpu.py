@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
-from tokenmill.attention.torch_sdpa import TorchSdpaBackend
+from tokenmill.attention.torch_sdpa import sdpa_prompt_row
 
 # Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
 # rows make attention a matrix product, which oneDNN does far better than the kernel's row-by-row dots.
@@ -35,7 +35,7 @@ class CpuPagedBackend(AttentionBackend):
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc, kernel_rows,
                      scale)
         for i in fresh_rows:
-            TorchSdpaBackend._prefill(q, k, v, kv_cache, md, scale, i, out)
+            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out)
         return out
 
     @staticmethod

@@ -25,7 +25,7 @@ class TorchSdpaBackend(AttentionBackend):
         if len(decode_rows):
             self._decode(q, kv_cache, md, scale, decode_rows, out)
         for i in np.nonzero(q_lens > 1)[0].tolist():
-            self._prefill(q, k, v, kv_cache, md, scale, i, out)
+            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out)
         return out
 
     @staticmethod
@@ -47,24 +47,26 @@ class TorchSdpaBackend(AttentionBackend):
         probs = torch.softmax(scores, dim=-1).to(vals.dtype)
         out.index_copy_(0, token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
 
-    @staticmethod
-    def _prefill(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor) -> None:
-        start, end = int(md.query_start_loc_np[i]), int(md.query_start_loc_np[i + 1])
-        seq_len, q_len = int(md.seq_lens_np[i]), end - start
-        hq, hkv = q.shape[1], kv_cache.shape[3]
-        qi = q[start:end].transpose(0, 1)                                  # [Hq, q_len, D]
-        if seq_len == q_len:
-            ki, vi = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-            mask, causal = None, True
-        else:
-            block_size = kv_cache.shape[2]
-            blocks = md.block_table[i, : -(-seq_len // block_size)].long()
-            ki = kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
-            vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
-            q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-            mask, causal = torch.arange(seq_len)[None, :] <= q_pos, False
-        # 4-D inputs reach the fused CPU flash kernel (3-D ones fall back to the math path, ~20x slower);
-        # enable_gqa lets the query heads share their KV head without copies.
-        o = F.scaled_dot_product_attention(qi[None], ki.to(qi.dtype)[None], vi.to(qi.dtype)[None], attn_mask=mask,
-                                           is_causal=causal, scale=scale, enable_gqa=hq != hkv)[0]
-        out[start:end] = o.transpose(0, 1)
+
+def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor) -> None:
+    """Attention of batch row i's new tokens with SDPA: causal on the fresh K/V, or masked over the gathered
+    cache when part of the sequence was computed before."""
+    start, end = int(md.query_start_loc_np[i]), int(md.query_start_loc_np[i + 1])
+    seq_len, q_len = int(md.seq_lens_np[i]), end - start
+    hq, hkv = q.shape[1], kv_cache.shape[3]
+    qi = q[start:end].transpose(0, 1)                                  # [Hq, q_len, D]
+    if seq_len == q_len:
+        ki, vi = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+        mask, causal = None, True
+    else:
+        block_size = kv_cache.shape[2]
+        blocks = md.block_table[i, : -(-seq_len // block_size)].long()
+        ki = kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
+        vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        mask, causal = torch.arange(seq_len)[None, :] <= q_pos, False
+    # 4-D inputs reach the fused CPU flash kernel (3-D ones fall back to the math path, ~20x slower);
+    # enable_gqa lets the query heads share their KV head without copies.
+    o = F.scaled_dot_product_attention(qi[None], ki.to(qi.dtype)[None], vi.to(qi.dtype)[None], attn_mask=mask,
+                                       is_causal=causal, scale=scale, enable_gqa=hq != hkv)[0]
+    out[start:end] = o.transpose(0, 1)

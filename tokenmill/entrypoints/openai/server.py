@@ -24,7 +24,7 @@ from tokenmill.entrypoints.openai.protocol import (
     TokenizeRequest,
     now,
 )
-from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, _messages
+from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, template_messages
 from tokenmill.entrypoints.openai.serving_common import ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.metrics import Metrics
@@ -120,7 +120,7 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
         ctx.check_model(req.model)
         ip = engine.input_processor
         if req.messages is not None:
-            text = ip.apply_chat_template(_messages(req), req.add_generation_prompt)  # type: ignore[arg-type]
+            text = ip.apply_chat_template(template_messages(req), req.add_generation_prompt)
             tokens = engine.tokenizer(text, add_special_tokens=False).input_ids
         elif req.prompt is not None:
             tokens = engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids

@@ -19,7 +19,7 @@ from tokenmill.entrypoints.openai.serving_common import (
 from tokenmill.outputs import CompletionOutput
 
 
-def _messages(req: ChatCompletionRequest) -> list[dict]:
+def template_messages(req) -> list[dict]:
     """Message dicts for the template; content given as a list of parts is joined to its text parts."""
     out = []
     for m in req.messages:
@@ -50,7 +50,7 @@ class OpenAIServingChat:
         ctx.check_model(req.model)
         given = req.max_completion_tokens is not None or req.max_tokens is not None
         try:
-            text = engine.input_processor.apply_chat_template(_messages(req), req.add_generation_prompt,
+            text = engine.input_processor.apply_chat_template(template_messages(req), req.add_generation_prompt,
                                                               req.chat_template, **(req.chat_template_kwargs or {}))
             prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
         except ValueError as e:
