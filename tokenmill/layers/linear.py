@@ -25,17 +25,27 @@ def onednn_packing_helps(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
 
 
+# Up to this many rows the native skinny matmul (a weight stream at ~35 GB/s) beats oneDNN's blocked kernels.
+SKINNY_MAX_ROWS = 4
+
+
 class PackedWeight:
-    """A weight reordered once into oneDNN's blocked layout; forward is one `_linear_pointwise` call."""
+    """A weight reordered once into oneDNN's blocked layout; forward is one `_linear_pointwise` call, or the
+    native skinny matmul over the original rows when only a few rows come in (small decode batches)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        from tokenmill.kernels import native_kernels_for
+
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         self.bias = bias.detach() if bias is not None else None
         self.out_features = weight.shape[0]
+        self.rows = weight.detach().contiguous() if native_kernels_for(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        if self.rows is not None and x.shape[0] <= SKINNY_MAX_ROWS:
+            return torch.ops.tokenmill.skinny_gemm(x, self.rows, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -89,14 +99,36 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Statistics in fp32, as transformers computes them, whatever the model dtype."""
+    """Statistics in fp32, as transformers computes them, whatever the model dtype.
+
+    Given a residual, it first adds x into it (`residual = x + residual`) and normalizes the sum: the pre-norm
+    decoder's add and norm are one pass over the row in the native bf16 kernel."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = _param(dim)
         self.eps = eps
+        self.native = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def process_weights_after_loading(self) -> None:
+        from tokenmill.kernels import native_kernels_for
+
+        self.native = native_kernels_for(self.weight)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is not None:
+            if self.native:
+                torch.ops.tokenmill.add_rms_norm(x, residual, self.weight, self.eps)  # both in place
+                return x, residual
+            residual = x + residual
+            return self._norm(residual), residual
+        if self.native and x.dim() == 2:
+            out = torch.empty_like(x)
+            torch.ops.tokenmill.rms_norm(out, x, self.weight, self.eps)
+            return out
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # transformers' exact sequence of operations
             return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op, fp32 statistics inside

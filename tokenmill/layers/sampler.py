@@ -45,10 +45,13 @@ class Sampler:
         self.default_generator = default_generator
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        """logits: [B, vocab] in the model's dtype; fp32 is made only when something needs more than argmax."""
+        if md.all_greedy and md.max_num_logprobs is None and not _has_constraints(md):
+            return SamplerOutput(greedy_tokens(logits))
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
         logits = self._apply_constraints(logits, md)
-        greedy = logits.max(dim=-1).indices  # first maximum on ties; 3x faster than argmax on CPU
+        greedy = greedy_tokens(logits)
         if md.all_greedy:
             sampled = greedy
         else:
@@ -86,6 +89,20 @@ class Sampler:
         for row, gen in (md.generators or {}).items():
             q[row].exponential_(generator=gen)
         return (probs / q).max(dim=-1).indices
+
+
+def _has_constraints(md: SamplingMetadata) -> bool:
+    return md.logit_bias is not None or bool(md.stop_token_mask) or md.repetition_penalty is not None
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum. bf16 logits go to the native kernel: converting [B, vocab] to fp32 and
+    reducing it cost ~10 ms per step at B=128 here, the kernel well under 1 ms."""
+    from tokenmill.kernels import native_kernels_for
+
+    if native_kernels_for(logits) and logits.dim() == 2 and logits.stride(1) == 1:
+        return torch.ops.tokenmill.argmax_rows(logits)
+    return logits.max(dim=-1).indices  # first maximum on ties; 3x faster than argmax on CPU
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

@@ -44,17 +44,41 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, backend)
+        self.native = False
+
+    def process_weights_after_loading(self) -> None:
+        from tokenmill.kernels import native_kernels_for
+
+        self.native = native_kernels_for(self.qkv_proj.weight) and not self.qk_norm
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        qkv = self.qkv_proj(x)
+        if self.native and self.attn.kv_cache.dtype == torch.bfloat16:
+            out = self._rope_cache_attend(positions, qkv, md)
+        else:
+            out = self._attend(positions, qkv, md)
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def _rope_cache_attend(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """One native pass rotates q and k and writes K/V into the paged cache, then the backend attends."""
+        q = torch.empty(qkv.shape[0], self.num_heads, self.head_dim, dtype=qkv.dtype)
+        cache = self.attn.kv_cache
+        torch.ops.tokenmill.rope_and_cache(q, qkv, positions, self.rotary.cos, self.rotary.sin, cache[0], cache[1],
+                                           md.slot_mapping, self.num_heads, self.num_kv_heads)
+        _, k, v = self.qkv_proj.split(qkv)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        return self.attn(q, k, v, md, kv_written=True)
+
+    def _attend(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(qkv)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, md)
-        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+        return self.attn(q, k, v, md)
 
 
 class LlamaMLP(nn.Module):
@@ -67,9 +91,21 @@ class LlamaMLP(nn.Module):
         if act not in _ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {act!r}")
         self.act = _ACTIVATIONS[act]
+        self.is_silu = act == "silu"
+        self.native = False
+
+    def process_weights_after_loading(self) -> None:
+        from tokenmill.kernels import native_kernels_for
+
+        self.native = self.is_silu and native_kernels_for(self.gate_up_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        if self.native and gate_up.dim() == 2:
+            h = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+            torch.ops.tokenmill.silu_and_mul(h, gate_up)
+            return self.down_proj(h)
+        gate, up = self.gate_up_proj.split(gate_up)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -81,9 +117,16 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), md)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x is the previous layer's MLP output, not yet added into `residual` (None at the first layer)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, md)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -97,10 +140,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(positions, x, md)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, md)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -116,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         for module in self.modules():
-            if isinstance(module, Linear):
+            if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
         if onednn_packing_helps(self.lm_head.weight):  # a tied head gets its own packed copy
             self.packed_lm_head = PackedWeight(self.lm_head.weight, None)
@@ -125,9 +168,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, md)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model's dtype: the sampler makes fp32 only when it needs more than an argmax."""
         if self.packed_lm_head is not None:
-            return self.packed_lm_head(hidden).float()
-        return F.linear(hidden, self.lm_head.weight).float()
+            return self.packed_lm_head(hidden)
+        return F.linear(hidden, self.lm_head.weight)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]

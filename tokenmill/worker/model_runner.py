@@ -190,7 +190,7 @@ class ModelRunner:
                 result.prompt_logprobs[rid] = ([], [], [])
                 continue
             idx = torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos)
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[idx]), dim=-1)
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[idx]).float(), dim=-1)
             targets = torch.from_numpy(state.token_buf[first_pos + 1: last_pos + 1].copy())
             out = SamplerOutput(targets)
             gather_logprobs(logprobs, targets, k, out)

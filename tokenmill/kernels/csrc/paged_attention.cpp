@@ -368,7 +368,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 }  // namespace
 
-TORCH_LIBRARY(tokenmill, m) {
+TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale) -> ()");
 }

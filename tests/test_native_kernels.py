@@ -1,0 +1,142 @@
+"""The native bf16 kernels (skinny matmul, norms, silu-and-mul, rope-and-cache) agree with their torch
+references computed in fp32, to bf16 rounding; and a whole bf16 model using them is as close to fp32 as the
+torch bf16 path is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import native_kernels_for
+from tokenmill.layers.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not native_kernels_for(torch.zeros(1, dtype=torch.bfloat16)),
+                                reason="the native bf16 kernels need AVX-512 BF16 and a compiler")
+
+BF16_EPS = 2.0**-8  # one bf16 rounding, relative
+
+
+def _rand(*shape, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def _assert_bf16_close(out: torch.Tensor, ref: torch.Tensor, ulps: float = 2.0):
+    """Within a couple of bf16 roundings of the fp32 reference, measured against the reference's scale."""
+    err = (out.float() - ref.float()).abs().max().item()
+    bound = ulps * BF16_EPS * ref.float().abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (100, 37), (64, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_gemm(m, k, n, bias):
+    x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
+    b = _rand(n, seed=3) if bias else None
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    out = torch.ops.tokenmill.skinny_gemm(x, w, b)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    _assert_bf16_close(out, ref)
+
+
+def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+@pytest.mark.parametrize("t, d", [(1, 576), (5, 64), (33, 100)])
+def test_rms_norms(t, d):
+    x, res, w = _rand(t, d, seed=1), _rand(t, d, seed=2, scale=3.0), _rand(d, seed=3)
+    out = torch.empty_like(x)
+    torch.ops.tokenmill.rms_norm(out, x, w, 1e-5)
+    _assert_bf16_close(out, _rms_ref(x, w, 1e-5))
+
+    summed = (x.float() + res.float()).to(torch.bfloat16)  # the unfused model rounds the residual sum
+    x2, res2 = x.clone(), res.clone()
+    torch.ops.tokenmill.add_rms_norm(x2, res2, w, 1e-5)
+    assert torch.equal(res2, summed)
+    _assert_bf16_close(x2, _rms_ref(summed, w, 1e-5))
+
+
+@pytest.mark.parametrize("t, d", [(1, 1536), (7, 40), (64, 128)])
+def test_silu_and_mul(t, d):
+    x = _rand(t, 2 * d, seed=4, scale=4.0)
+    out = torch.empty(t, d, dtype=torch.bfloat16)
+    torch.ops.tokenmill.silu_and_mul(out, x)
+    gate, up = x.float().chunk(2, dim=-1)
+    _assert_bf16_close(out, F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_rope_and_cache(hq, hkv, d):
+    t, block_size, num_blocks = 11, 4, 8
+    rope = RotaryEmbedding(d, 256, {"rope_theta": 10000.0, "rope_type": "default"})
+    positions = torch.tensor([0, 1, 2, 3, 4, 200, 17, 18, 5, 6, 7])
+    slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(0))[:t]
+    qkv = _rand(t, (hq + 2 * hkv) * d, seed=5)
+    q_ref, k_ref, v = qkv.float().split([hq * d, hkv * d, hkv * d], dim=-1)
+    q_ref, k_ref = rope(positions, q_ref.reshape(t, hq, d), k_ref.reshape(t, hkv, d))
+    cache = torch.zeros(2, num_blocks, block_size, hkv, d, dtype=torch.bfloat16)
+    q = torch.empty(t, hq, d, dtype=torch.bfloat16)
+    torch.ops.tokenmill.rope_and_cache(q, qkv, positions, rope.cos, rope.sin, cache[0], cache[1], slots, hq, hkv)
+    _assert_bf16_close(q, q_ref)
+    k_rotated = qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d)
+    _assert_bf16_close(k_rotated, k_ref)
+    flat = cache.view(2, -1, hkv, d)
+    assert torch.equal(flat[0, slots], k_rotated)
+    assert torch.equal(flat[1, slots], v.reshape(t, hkv, d).to(torch.bfloat16))
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert not flat[:, untouched].any()
+
+
+def _score(llm, sequences):
+    """fp32 logprob of each token after the first, given the tokens before it (prompt logprobs)."""
+    from tokenmill import SamplingParams
+
+    outs = llm.generate([{"prompt_token_ids": s} for s in sequences],
+                        SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    return [[d[tok].logprob for d, tok in zip(o.prompt_logprobs[1:], seq[1:])] for o, seq in zip(outs, sequences)]
+
+
+def _bf16_error(llm_bf16, llm_fp32, prompts):
+    """Largest gap between the bf16 engine's logprobs of its own greedy tokens and fp32's scores of them."""
+    from tokenmill import SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+    outs = llm_bf16.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    sequences = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)]
+    ref = _score(llm_fp32, sequences)
+    worst = 0.0
+    for p, o, r in zip(prompts, outs, ref):
+        ours = [d[t].logprob for d, t in zip(o.prompt_logprobs[1:], p[1:])]
+        ours += [d[t].logprob for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+        worst = max(worst, max(abs(a - b) for a, b in zip(ours, r)))
+    return worst
+
+
+def test_bf16_model_with_native_kernels_as_close_to_fp32_as_torch_path(tiny_model_dir, monkeypatch):
+    """Prefill and decode steps (1-3 rows take the skinny matmul) against fp32 scores of the same tokens."""
+    import tokenmill.kernels
+    from tokenmill import LLM
+
+    folder = str(tiny_model_dir("qwen2"))  # q/k/v bias and tied embeddings
+    prompts = [[(37 * i + 11 * j) % 49000 + 100 for j in range(n)] for i, n in enumerate([5, 23, 40])]
+    args = dict(kv_cache_memory="16MiB", block_size=16, attention_backend="cpu")
+    fp32 = LLM(folder, dtype="float32", **args)
+    native_err = _bf16_error(LLM(folder, dtype="bfloat16", **args), fp32, prompts)
+    monkeypatch.setattr(tokenmill.kernels, "native_kernels_for", lambda t: False)
+    torch_err = _bf16_error(LLM(folder, dtype="bfloat16", **args), fp32, prompts)
+    assert torch_err > 0  # bf16 really ran
+    assert native_err <= 1.5 * torch_err + 0.02, (native_err, torch_err)
+
+
+@pytest.mark.parametrize("b, vocab", [(1, 49152), (5, 1000), (3, 17)])
+def test_argmax_rows_first_maximum(b, vocab):
+    logits = _rand(b, vocab, seed=6)
+    logits[0, vocab // 3] = logits[0, vocab - 1] = 50.0  # a tie: the first index wins, as torch.argmax
+    logits[-1, :] = -3.0                                 # a row of equal values
+    out = torch.ops.tokenmill.argmax_rows(logits)
+    assert torch.equal(out, logits.float().argmax(dim=-1))

@@ -1,0 +1,21 @@
+"""tokenmill's native CPU kernels: paged attention, skinny bf16 matmuls and fused elementwise ops."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from tokenmill.kernels.build import load_cpu_kernels
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_ops_built() -> bool:
+    return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "skinny_gemm")
+
+
+def native_kernels_for(t: torch.Tensor) -> bool:
+    """Whether the native bf16 kernels can take this layer's work: bf16 on the CPU, with the kernels built
+    (the AVX-512 BF16 ones are only compiled where the CPU has that instruction set). fp32 always takes the
+    torch path, which is transformers' exact sequence of operations."""
+    return t.device.type == "cpu" and t.dtype == torch.bfloat16 and _fused_ops_built()

@@ -1,0 +1,58 @@
+"""Builds and loads tokenmill's native CPU kernels (csrc/*.cpp) as one library of `torch.ops.tokenmill` ops.
+
+`make setup` builds it once (`python -m tokenmill.kernels.build`); later loads reuse the build, keyed by the
+sources, the flags and the torch version. Without a compiler every caller falls back to its torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+_SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_FLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+
+def _build_dir() -> Path:
+    import torch
+
+    key = hashlib.sha256()
+    for src in _SOURCES:
+        key.update(src.name.encode() + src.read_bytes())
+    key.update(" ".join(_FLAGS).encode() + torch.__version__.encode())
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "ext"
+    path = root / key.hexdigest()[:16]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def load_cpu_kernels(verbose: bool = False) -> bool:
+    """True when the `torch.ops.tokenmill` kernels are available (building them first if needed)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    try:
+        t0 = time.perf_counter()
+        cpp_extension.load(name="tokenmill_cpu_kernels", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
+                           extra_ldflags=["-fopenmp"], build_directory=str(_build_dir()), is_python_module=False,
+                           verbose=verbose)
+        elapsed = time.perf_counter() - t0
+        if elapsed > 2:
+            logger.info("built the native CPU kernels in %.1f s", elapsed)
+        return hasattr(torch.ops.tokenmill, "paged_attention")
+    except Exception as e:  # no compiler, no ninja, a build error: the torch paths still work
+        logger.warning("native CPU kernels unavailable (%s); using the torch paths", str(e).splitlines()[0])
+        return False
+
+
+if __name__ == "__main__":
+    ok = load_cpu_kernels(verbose=False)
+    print("native CPU kernels:", "ready" if ok else "unavailable (the torch paths will be used)")

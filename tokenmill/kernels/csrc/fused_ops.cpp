@@ -1,0 +1,234 @@
+// The elementwise work around the matmuls, one pass each over bf16 rows, fp32 inside, rounded once:
+//   rms_norm            out = x * rsqrt(mean(x^2) + eps) * w
+//   add_rms_norm        residual += x; x = rms_norm(residual)       (both in place)
+//   silu_and_mul        out = silu(gate) * up, from the fused [T, 2I] gate_up product
+//   rope_and_cache      q_out = rope(q); k = rope(k) in place; K/V written to their paged-cache slots
+//   argmax_rows         greedy sampling straight from bf16 logits (first maximum on ties)
+// Eager torch spends more time dispatching these (5-10 small ops each) than computing them at decode sizes.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+namespace {
+
+using bf16 = uint16_t;
+
+inline __m512 load16(const bf16* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+inline void store16(bf16* p, __m512 v, __mmask16 mask) {
+  _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+inline __mmask16 mask_at(int64_t j, int64_t d) {
+  return d - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (d - j)) - 1);
+}
+
+// One row: optional residual add (stored back), then the norm. `sum` first, so the row is read twice from L1.
+inline void norm_row(bf16* out, const bf16* x, bf16* residual, const bf16* w, int64_t d, float eps) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t j = 0; j < d; j += 16) {
+    const __mmask16 mk = mask_at(j, d);
+    __m512 v = load16(x + j, mk);
+    if (residual) {
+      v = _mm512_add_ps(v, load16(residual + j, mk));
+      store16(residual + j, v, mk);
+      v = load16(residual + j, mk);  // the rounded sum, as the unfused model sees it
+    }
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(d) + eps));
+  const bf16* src = residual ? residual : x;
+  for (int64_t j = 0; j < d; j += 16) {
+    const __mmask16 mk = mask_at(j, d);
+    store16(out + j, _mm512_mul_ps(_mm512_mul_ps(load16(src + j, mk), r), load16(w + j, mk)), mk);
+  }
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bf16");
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [T, D] with contiguous rows");
+}
+
+void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(out, "out");
+  check_rows(x, "x");
+  const int64_t d = x.size(1);
+  auto* op = reinterpret_cast<bf16*>(out.data_ptr());
+  const auto* xp = reinterpret_cast<const bf16*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const bf16*>(w.data_ptr());
+  at::parallel_for(0, x.size(0), 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      norm_row(op + t * out.stride(0), xp + t * x.stride(0), nullptr, wp, d, static_cast<float>(eps));
+  });
+}
+
+void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double eps) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  const int64_t d = x.size(1);
+  auto* xp = reinterpret_cast<bf16*>(x.data_ptr());
+  auto* rp = reinterpret_cast<bf16*>(residual.data_ptr());
+  const auto* wp = reinterpret_cast<const bf16*>(w.data_ptr());
+  at::parallel_for(0, x.size(0), 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      bf16* row = xp + t * x.stride(0);
+      norm_row(row, row, rp + t * residual.stride(0), wp, d, static_cast<float>(eps));
+    }
+  });
+}
+
+// silu(g) = g / (1 + exp(-g)); exp from the AVX-512 exponent/mantissa split (vscalefps), ~1e-7 relative.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, fi);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, fi);
+}
+
+void silu_and_mul(at::Tensor out, const at::Tensor& x) {
+  check_rows(out, "out");
+  check_rows(x, "x");
+  const int64_t d = out.size(1);
+  TORCH_CHECK(x.size(1) == 2 * d && x.size(0) == out.size(0), "silu_and_mul: x is [T, 2D], out [T, D]");
+  auto* op = reinterpret_cast<bf16*>(out.data_ptr());
+  const auto* xp = reinterpret_cast<const bf16*>(x.data_ptr());
+  const __m512 one = _mm512_set1_ps(1.0f);
+  at::parallel_for(0, x.size(0), 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const bf16* g = xp + t * x.stride(0);
+      bf16* o = op + t * out.stride(0);
+      for (int64_t j = 0; j < d; j += 16) {
+        const __mmask16 mk = mask_at(j, d);
+        const __m512 gv = load16(g + j, mk);
+        // 1 / (1 + e^-g) by a reciprocal estimate and one Newton step (a full division is ~4x slower here)
+        const __m512 den = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+        __m512 inv = _mm512_rcp14_ps(den);
+        inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.0f)));
+        const __m512 silu = _mm512_mul_ps(gv, inv);
+        store16(o + j, _mm512_mul_ps(silu, load16(g + d + j, mk)), mk);
+      }
+    }
+  });
+}
+
+// rotate-half rope on one head: out[j] = x[j] cos[j] - x[j+h] sin[j], out[j+h] = x[j+h] cos[j+h] + x[j] sin[j+h].
+inline void rope_head(bf16* out, const bf16* x, const float* cos, const float* sin, int64_t d) {
+  const int64_t h = d / 2;
+  for (int64_t j = 0; j < h; j += 16) {
+    const __mmask16 mk = mask_at(j, h);
+    const __m512 a = load16(x + j, mk), b = load16(x + h + j, mk);
+    const __m512 lo = _mm512_fnmadd_ps(b, _mm512_maskz_loadu_ps(mk, sin + j), _mm512_mul_ps(a, _mm512_maskz_loadu_ps(mk, cos + j)));
+    const __m512 hi = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk, sin + h + j),
+                                      _mm512_mul_ps(b, _mm512_maskz_loadu_ps(mk, cos + h + j)));
+    store16(out + j, lo, mk);
+    store16(out + h + j, hi, mk);
+  }
+}
+
+// qkv: [T, (Hq + 2 Hkv) * D] from the fused projection. q_out: [T, Hq, D]. k (rotated) stays in qkv and is copied
+// with v into k_cache / v_cache [N, block_size, Hkv, D] at slot_mapping[t] (flat slot = block * block_size + i).
+void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                    const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
+                    int64_t hq, int64_t hkv) {
+  check_rows(qkv, "qkv");
+  TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos/sin tables must be contiguous fp32");
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16, "bf16 cache");
+  const int64_t d = cos.size(1), row = qkv.stride(0);
+  TORCH_CHECK(qkv.size(1) == (hq + 2 * hkv) * d, "qkv width does not match the heads");
+  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.stride(2) == d && k_cache.size(2) == hkv, "cache rows");
+  auto pos = positions.to(at::kLong).contiguous();
+  auto slots = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  auto* qkvp = reinterpret_cast<bf16*>(qkv.data_ptr());
+  auto* qo = reinterpret_cast<bf16*>(q_out.data_ptr());
+  auto* kc = reinterpret_cast<bf16*>(k_cache.data_ptr());
+  auto* vc = reinterpret_cast<bf16*>(v_cache.data_ptr());
+  const int64_t bs = k_cache.size(1), kb = k_cache.stride(0), ks = k_cache.stride(1);
+  const int64_t vb = v_cache.stride(0), vs = v_cache.stride(1);
+  const float* cp = cos.data_ptr<float>();
+  const float* snp = sin.data_ptr<float>();
+  at::parallel_for(0, qkv.size(0), 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      bf16* r = qkvp + t * row;
+      const float* c = cp + pp[t] * d;
+      const float* s = snp + pp[t] * d;
+      for (int64_t h = 0; h < hq; ++h) rope_head(qo + (t * hq + h) * d, r + h * d, c, s, d);
+      bf16* k = r + hq * d;
+      for (int64_t h = 0; h < hkv; ++h) rope_head(k + h * d, k + h * d, c, s, d);
+      const int64_t slot = sp[t], blk = slot / bs, off = slot % bs;
+      std::memcpy(kc + blk * kb + off * ks, k, hkv * d * sizeof(bf16));
+      std::memcpy(vc + blk * vb + off * vs, k + hkv * d, hkv * d * sizeof(bf16));
+    }
+  });
+}
+
+// The index of each row's largest value (the first one on ties), without converting the logits to fp32.
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  check_rows(logits, "logits");
+  const int64_t b = logits.size(0), v = logits.size(1);
+  auto out = at::empty({b}, logits.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  const auto* lp = reinterpret_cast<const bf16*>(logits.data_ptr());
+  at::parallel_for(0, b, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const bf16* row = lp + r * logits.stride(0);
+      __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      __m512i best_idx = _mm512_set1_epi32(0);
+      __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512i step = _mm512_set1_epi32(16);
+      for (int64_t j = 0; j < v; j += 16) {
+        const __m512 x = load16(row + j, mask_at(j, v));
+        const __mmask16 mask = _mm512_mask_cmp_ps_mask(mask_at(j, v), x, best, _CMP_GT_OQ);
+        best = _mm512_mask_mov_ps(best, mask, x);
+        best_idx = _mm512_mask_mov_epi32(best_idx, mask, idx);
+        idx = _mm512_add_epi32(idx, step);
+      }
+      const float top = _mm512_reduce_max_ps(best);
+      const __mmask16 at_top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
+      op[r] = _mm512_mask_reduce_min_epi32(at_top, best_idx);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor w, float eps) -> ()");
+  m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor w, float eps) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+  m.def("rope_and_cache(Tensor(a!) q_out, Tensor(b!) qkv, Tensor positions, Tensor cos, Tensor sin, "
+        "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, int hq, int hkv) -> ()");
+  m.def("argmax_rows(Tensor logits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rope_and_cache", &rope_and_cache);
+  m.impl("argmax_rows", &argmax_rows);
+}
+
+#endif
