@@ -49,6 +49,10 @@ class EngineArgs:
                                   choices=["fcfs", "priority"])
     attention_backend: str | None = _arg(None, "Attention backend (default: the platform's fastest).")
     served_model_name: str | None = _arg(None, "The model name the API reports and accepts.")
+    cpu_bind: str = _arg("auto", "CPU threads of the engine: auto (one per physical core, each pinned to its "
+                                 "own CPU), none (same count, not pinned), or a CPU list like '0-3'.")
+    enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
+                                      "native kernels do what a compiled graph would).")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -75,8 +79,12 @@ class EngineArgs:
             max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
+        if self.cpu_bind not in ("auto", "none"):
+            from tokenmill.platform import parse_cpu_list
+
+            parse_cpu_list(self.cpu_bind)
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
-                           attention_backend=self.attention_backend)
+                           attention_backend=self.attention_backend, cpu_bind=self.cpu_bind)
         cfg.log_summary()
         return cfg
 
@@ -128,6 +136,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     seed: int = 0
     attention_backend: str | None = None
+    cpu_bind: str = "auto"
 
     def log_summary(self) -> None:
         m, c, s = self.model_config, self.cache_config, self.scheduler_config

@@ -58,5 +58,59 @@ def available_memory_bytes() -> int:
     return 8 << 30
 
 
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def one_cpu_per_core(cpus: list[int]) -> list[int]:
+    """The first logical CPU of each physical core among `cpus` (hyper-threads share a core's matmul units)."""
+    seen: set[tuple[str, str]] = set()
+    chosen = []
+    for cpu in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as f1, open(f"{topo}/core_id") as f2:
+                core = (f1.read().strip(), f2.read().strip())
+        except OSError:
+            core = ("cpu", str(cpu))
+        if core not in seen:
+            seen.add(core)
+            chosen.append(cpu)
+    return chosen
+
+
 def num_physical_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return len(one_cpu_per_core(allowed_cpus()))
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]; a ValueError names --cpu-bind when the text is not such a list."""
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"cpu_bind must be 'auto', 'none' or a CPU list like '0-3,6', got {text!r}") from None
+    if not cpus or len(set(cpus)) != len(cpus):
+        raise ValueError(f"cpu_bind lists no CPU or a CPU twice: {text!r}")
+    return cpus
+
+
+def bind_cpu_threads(cpu_bind: str) -> str:
+    """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
+    unpinned). Returns a line for the log."""
+    cpus = one_cpu_per_core(allowed_cpus()) if cpu_bind in ("auto", "none") else parse_cpu_list(cpu_bind)
+    allowed = set(allowed_cpus())
+    if not set(cpus) <= allowed:
+        raise ValueError(f"cpu_bind {cpu_bind!r} names CPUs outside this process's set {sorted(allowed)}")
+    if cpu_bind == "none":
+        torch.set_num_threads(len(cpus))
+        return f"{len(cpus)} threads, not pinned"
+    from tokenmill.kernels.build import load_cpu_kernels
+
+    if not load_cpu_kernels():
+        torch.set_num_threads(len(cpus))
+        return f"{len(cpus)} threads, not pinned (the native kernels are unavailable)"
+    torch.ops.tokenmill.bind_threads(cpus)
+    return f"{len(cpus)} threads pinned to CPUs {','.join(map(str, cpus))}"

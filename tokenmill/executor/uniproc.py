@@ -5,17 +5,18 @@ from __future__ import annotations
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.executor.base import Executor
-from tokenmill.platform import device_type, num_physical_cores
+from tokenmill.platform import bind_cpu_threads, device_type
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
 
 
 class UniprocExecutor(Executor):
     def __init__(self, config: EngineConfig):
-        import torch
-
         from tokenmill.worker.model_runner import ModelRunner
 
         if device_type() == "cpu":
-            torch.set_num_threads(num_physical_cores())
+            logger.info("intra-op threads: %s", bind_cpu_threads(config.cpu_bind))
         self.runner = ModelRunner(config, device_type())
         self.runner.load_model()
         self.runner.initialize_kv_cache()
