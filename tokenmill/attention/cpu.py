@@ -1,7 +1,15 @@
 """The CPU backend: the native paged-attention kernel for decodes and short chunks after a cached prefix,
-SDPA for prompts and long chunks (attention there is a matrix product that oneDNN runs well)."""
+SDPA for prompts and long chunks (attention there is a matrix product that oneDNN runs well).
+
+Shared-prefix ("cascade") attention: when the requests that continue from cached context all start with the
+same blocks (a common system prompt, W3's shared document), the prefix is attended once for all their new
+tokens as one flash-attention call (every query against the prefix's keys: a matrix product), the kernel
+attends each request's own tail, and the two partial results are merged by their log-sum-exps.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -12,6 +20,25 @@ from tokenmill.attention.torch_sdpa import sdpa_prompt_row
 # Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
 # rows make attention a matrix product, which oneDNN does far better than the kernel's row-by-row dots.
 KERNEL_MAX_QUERY_LEN = 8
+# Cascade only pays when the shared prefix is long and shared by enough decoding requests.
+CASCADE_MIN_ROWS = 8
+CASCADE_MIN_TOKENS = 256
+# Rows with more new tokens than this keep to SDPA even when they share the prefix (their tails are long).
+CASCADE_MAX_QUERY_LEN = 128
+
+
+@dataclass
+class SharedPrefix:
+    num_blocks: int
+    block_ids: torch.Tensor     # [num_blocks] int64, the same leading blocks of every kernel row
+    token_index: torch.Tensor   # [N] every new token of the kernel rows
+
+
+@dataclass
+class CpuPlan:
+    kernel_rows: torch.Tensor | None
+    sdpa_rows: list[int]
+    prefix: SharedPrefix | None
 
 
 class CpuPagedBackend(AttentionBackend):
@@ -28,20 +55,67 @@ class CpuPagedBackend(AttentionBackend):
                 md: AttentionMetadata, scale: float) -> torch.Tensor:
         plan = md.backend_plan.get(self.name)
         if plan is None:
-            plan = md.backend_plan[self.name] = self._plan(md)
-        kernel_rows, fresh_rows = plan
+            plan = md.backend_plan[self.name] = self._plan(md, kv_cache.shape[2])
         out = torch.empty_like(q)
-        if kernel_rows is not None:
-            self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc, kernel_rows,
-                     scale)
-        for i in fresh_rows:
+        if plan.prefix is not None:
+            self._cascade(out, q, kv_cache, md, plan, scale)
+        elif plan.kernel_rows is not None:
+            self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
+                     plan.kernel_rows, scale)
+        for i in plan.sdpa_rows:
             sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out)
         return out
 
+    def _cascade(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                 plan: CpuPlan, scale: float) -> None:
+        prefix = plan.prefix
+        lse_tail = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
+        self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
+                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail)
+        rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
+        group = hq // hkv
+        # queries grouped by KV head: [1, Hkv, R * group, D]; the prefix's keys and values: [1, Hkv, S, D]
+        qh = q[prefix.token_index].view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
+        kp = kv_cache[0][prefix.block_ids].view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
+        vp = kv_cache[1][prefix.block_ids].view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
+        o_pre, lse_pre = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kp, vp, scale=scale)
+        o_pre = o_pre.view(hkv, rows, group, d).transpose(0, 1).reshape(rows, hq, d)
+        lse_pre = lse_pre.view(hkv, rows, group).transpose(0, 1).reshape(rows, hq)
+        lse_tail = lse_tail[prefix.token_index]
+        top = torch.maximum(lse_pre, lse_tail)
+        w_pre, w_tail = torch.exp(lse_pre - top), torch.exp(lse_tail - top)
+        merged = (o_pre.float() * w_pre[..., None] + out[prefix.token_index].float() * w_tail[..., None])
+        out[prefix.token_index] = (merged / (w_pre + w_tail)[..., None]).to(out.dtype)
+
     @staticmethod
-    def _plan(md: AttentionMetadata) -> tuple[torch.Tensor | None, list[int]]:
-        """Computed once per step, shared by all layers: which rows the kernel takes, which SDPA takes."""
+    def _plan(md: AttentionMetadata, block_size: int) -> CpuPlan:
+        """Computed once per step, shared by all layers: which rows the kernel takes, which SDPA takes, and
+        the prefix blocks the kernel rows share, if they share one."""
         q_lens = np.diff(md.query_start_loc_np)
-        sdpa = (q_lens > KERNEL_MAX_QUERY_LEN) | ((q_lens > 1) & (md.seq_lens_np == q_lens))
-        kernel = np.nonzero(~sdpa & (q_lens > 0))[0]
-        return (torch.from_numpy(kernel) if len(kernel) else None), np.nonzero(sdpa)[0].tolist()
+        context = md.seq_lens_np - q_lens  # tokens before this step's new ones
+        fresh = (q_lens > 1) & (context == 0)
+        group = np.nonzero(~fresh & (q_lens > 0) & (q_lens <= CASCADE_MAX_QUERY_LEN))[0]
+        prefix = _shared_prefix(md, group, context, block_size) if len(group) >= CASCADE_MIN_ROWS else None
+        if prefix is not None:
+            kernel, sdpa = group, np.setdiff1d(np.nonzero(q_lens > 0)[0], group)
+        else:
+            kernel = np.nonzero((q_lens > 0) & (q_lens <= KERNEL_MAX_QUERY_LEN) & ~fresh)[0]
+            sdpa = np.nonzero((q_lens > KERNEL_MAX_QUERY_LEN) | fresh)[0]
+        return CpuPlan(torch.from_numpy(kernel) if len(kernel) else None, sdpa.tolist(), prefix)
+
+
+def _shared_prefix(md: AttentionMetadata, rows: np.ndarray, context: np.ndarray,
+                   block_size: int) -> SharedPrefix | None:
+    # only full blocks that lie before every row's first new token: all new tokens see the whole prefix
+    limit = int(context[rows].min()) // block_size
+    if limit * block_size < CASCADE_MIN_TOKENS:
+        return None
+    table = md.block_table[torch.from_numpy(rows), :limit].numpy()
+    same = (table == table[0]).all(axis=0)
+    n = limit if same.all() else int(np.argmin(same))
+    if n * block_size < CASCADE_MIN_TOKENS:
+        return None
+    qsl = md.query_start_loc_np
+    lens = qsl[rows + 1] - qsl[rows]
+    tokens = np.repeat(qsl[rows] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    return SharedPrefix(n, torch.from_numpy(table[0, :n].astype(np.int64)), torch.from_numpy(tokens))

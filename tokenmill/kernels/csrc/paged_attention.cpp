@@ -108,7 +108,7 @@ template <typename T, int64_t D>
 void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
                 int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
                 int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
-                float scale) {
+                float scale, int64_t start_block, float* lse) {
   const int64_t d = D > 0 ? D : d_rt;
   thread_local Scratch sc;
   const int64_t rows = q_len * group;
@@ -124,7 +124,7 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   reset_state(acc, m, l, rows, d);
   const int64_t first_pos = seq_len - q_len;  // position of query token 0
   const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int64_t b = start_block; b < num_blocks; ++b) {
     const int64_t start = b * block_size;
     const int64_t n = std::min(block_size, seq_len - start);
     const int64_t base = static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
@@ -172,6 +172,10 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
     }
   }
   store_rows(out, acc, l, q_len, group, d, kv_head, q_token_stride, q_head_stride);
+  if (lse)
+    for (int64_t t = 0; t < q_len; ++t)
+      for (int64_t g = 0; g < group; ++g) lse[t * q_token_stride / d + kv_head * group + g] = m[t * group + g] +
+                                                                                            std::log(l[t * group + g]);
 }
 
 #if defined(__AVX512F__)
@@ -234,7 +238,8 @@ inline __m512 exp512(__m512 x) {
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
 template <typename T, int R>
 void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t seq_len,
-                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale) {
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
+                float* lse) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
   alignas(64) float qf[R * d];
@@ -248,7 +253,7 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
     l[r] = 0.0f;
   }
   const int64_t num_blocks = (seq_len + block - 1) / block;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int64_t b = start_block; b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
     const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
     const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
@@ -312,15 +317,18 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
     for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
     T* dst = out + (kv_head * R + r) * d;
     for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
+    if (lse) lse[kv_head * R + r] = m[r] + std::log(l[r]);
   }
 }
 
 #endif
 
-// rows: the batch rows to compute (the others are left untouched in `out`).
+// rows: the batch rows to compute (the others are left untouched in `out`). start_block > 0 skips each row's
+// first blocks (a prefix attended elsewhere); lse, when given ([T, Hq] fp32), receives each query row's
+// log-sum-exp of its scaled scores so that partial results can be merged.
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     const at::Tensor& rows, double scale) {
+                     const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
@@ -336,6 +344,11 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   const int64_t* rw_p = rw.data_ptr<int64_t>();
   const int32_t* bt_p = bt.data_ptr<int32_t>();
   const int64_t bt_stride = bt.size(1), num_rows = rw.size(0), tasks = num_rows * hkv;
+  float* lse_p = nullptr;
+  if (lse.has_value() && lse->defined()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->size(1) == hq, "lse: [T, Hq] fp32");
+    lse_p = lse->data_ptr<float>();
+  }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
     const scalar_t* q_p = q.data_ptr<scalar_t>();
     scalar_t* o_p = out.data_ptr<scalar_t>();
@@ -349,18 +362,20 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 #if defined(__AVX512F__)
         if (d == 64 && q_len == 1 && block_size == 16 && group <= 4 && !std::is_same_v<scalar_t, double>) {
           using Fn = void (*)(const scalar_t*, scalar_t*, const scalar_t*, const scalar_t*, const int32_t*, int64_t,
-                              int64_t, int64_t, int64_t, float);
+                              int64_t, int64_t, int64_t, float, int64_t, float*);
           const Fn fns[4] = {&decode_d64<scalar_t, 1>, &decode_d64<scalar_t, 2>, &decode_d64<scalar_t, 3>,
                              &decode_d64<scalar_t, 4>};
           fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
-                         k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale));
+                         k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale), start_block,
+                         lse_p ? lse_p + q0 * hq : nullptr);
           continue;
         }
 #endif
         auto* fn = d == 64 ? &attend_one<scalar_t, 64> : d == 128 ? &attend_one<scalar_t, 128>
                                                                   : &attend_one<scalar_t, 0>;
         fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
-           block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale));
+           block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale), start_block,
+           lse_p ? lse_p + q0 * hq : nullptr);
       }
     });
   });
@@ -370,7 +385,8 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-        "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale) -> ()");
+        "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale, int start_block=0, "
+        "Tensor(b!)? lse=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }
