@@ -79,10 +79,6 @@ def one_cpu_per_core(cpus: list[int]) -> list[int]:
     return chosen
 
 
-def num_physical_cores() -> int:
-    return len(one_cpu_per_core(allowed_cpus()))
-
-
 def parse_cpu_list(text: str) -> list[int]:
     """'0-3,6' -> [0, 1, 2, 3, 6]; a ValueError names --cpu-bind when the text is not such a list."""
     cpus: list[int] = []

@@ -189,32 +189,32 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const double*) { return _mm512_setzero_ps(); }  // never used: d64 is bf16/fp32 only
 
 #if defined(__AVX512BF16__)
-// Scores of one 16-key block for every query row that sees part of it. A gather collects the same bf16 pair
-// (d = 2p, 2p+1) of all 16 keys into one register; one dpbf16 per pair then adds that pair's products for
-// all 16 keys at once, with fp32 accumulation. Rows are read straight from q (bf16), scaled afterwards.
-inline void score_block_bf16(const at::BFloat16* kb, const at::BFloat16* q, float* s, int64_t t0, int64_t q_len,
-                             int64_t group, int64_t kv_head, int64_t q_token_stride, int64_t kv_token_stride,
-                             int64_t start, int64_t first_pos, int64_t n, float scale) {
-  constexpr int64_t d = 64, pairs = d / 2, block = 16;
+// Decode scores of one 16-key block for the R query heads of a KV head, returned in registers. The heads are
+// interleaved in one pass over the pairs, so 2R independent dpbf16 chains keep the unit busy (one head at a
+// time was a single dependent chain, bound by the instruction's latency).
+template <int R>
+inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __m512* scores, int64_t kv_head,
+                               int64_t kv_token_stride, float scale) {
+  constexpr int64_t d = 64, pairs = d / 2;
   const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                          _mm512_set1_epi32(static_cast<int32_t>(kv_token_stride / 2)));
-  __m512i kp[pairs];
-  for (int64_t p = 0; p < pairs; ++p) kp[p] = _mm512_i32gather_epi32(idx, kb + 2 * p, 4);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t t = t0; t < q_len; ++t) {
-    const int64_t visible = std::min(n, first_pos + t - start + 1);
-    for (int64_t g = 0; g < group; ++g) {
-      const int32_t* qp = reinterpret_cast<const int32_t*>(q + t * q_token_stride + (kv_head * group + g) * d);
-      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-      for (int64_t p = 0; p < pairs; p += 2) {
-        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)kp[p], (__m512bh)_mm512_set1_epi32(qp[p]));
-        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)kp[p + 1], (__m512bh)_mm512_set1_epi32(qp[p + 1]));
-      }
-      const __m512 scores = _mm512_mul_ps(_mm512_add_ps(acc0, acc1), vscale);
-      const __mmask16 keep = static_cast<__mmask16>((1u << visible) - 1u);
-      _mm512_mask_storeu_ps(s + (t * group + g) * block, keep, scores);
+  const int32_t* qp[R];
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    qp[r] = reinterpret_cast<const int32_t*>(q + (kv_head * R + r) * d);
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < pairs; p += 2) {
+    const __m512bh k0 = (__m512bh)_mm512_i32gather_epi32(idx, kb + 2 * p, 4);
+    const __m512bh k1 = (__m512bh)_mm512_i32gather_epi32(idx, kb + 2 * p + 2, 4);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], k0, (__m512bh)_mm512_set1_epi32(qp[r][p]));
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], k1, (__m512bh)_mm512_set1_epi32(qp[r][p + 1]));
     }
   }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) scores[r] = _mm512_mul_ps(_mm512_add_ps(acc0[r], acc1[r]), vscale);
 }
 #endif
 
@@ -245,12 +245,12 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   alignas(64) float qf[R * d];
   for (int r = 0; r < R; ++r)
     for (int64_t x = 0; x < d; ++x) qf[r * d + x] = to_float(q[(kv_head * R + r) * d + x]) * scale;
-  __m512 acc[R][4];
-  float m[R], l[R];
+  __m512 acc[R][4], l[R];
+  float m[R];
   for (int r = 0; r < R; ++r) {
     for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
     m[r] = -std::numeric_limits<float>::infinity();
-    l[r] = 0.0f;
+    l[r] = _mm512_setzero_ps();
   }
   const int64_t num_blocks = (seq_len + block - 1) / block;
   for (int64_t b = start_block; b < num_blocks; ++b) {
@@ -268,9 +268,10 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
         }
       }
     }
+    __m512 sv[R];
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16>) {
-      score_block_bf16(kb, q, s, 0, 1, R, kv_head, 0, kv_token_stride, b * block, seq_len - 1, n, scale);
+      score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
     } else
 #endif
     {
@@ -286,18 +287,20 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
           s[r * block + j] = _mm512_reduce_add_ps(p);
         }
       }
+      for (int r = 0; r < R; ++r) sv[r] = _mm512_load_ps(s + r * block);
     }
     const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
     for (int r = 0; r < R; ++r) {
-      const __m512 sv = _mm512_maskz_loadu_ps(valid, s + r * block);
-      const float new_max = std::max(m[r], _mm512_mask_reduce_max_ps(valid, sv));
-      const float correction = std::exp(m[r] - new_max);
-      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(new_max))));
-      l[r] = l[r] * correction + _mm512_reduce_add_ps(pv);
-      m[r] = new_max;
+      const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
+      if (block_max > m[r]) {  // rescale only when the running maximum moves (rare after the first blocks)
+        const __m512 c = _mm512_set1_ps(fast_exp(m[r] - block_max));
+        for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(acc[r][k], c);
+        l[r] = _mm512_mul_ps(l[r], c);
+        m[r] = block_max;
+      }
+      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv[r], _mm512_set1_ps(m[r]))));
+      l[r] = _mm512_add_ps(l[r], pv);  // the row sum stays a vector; one reduction at the end
       _mm512_store_ps(s + r * block, pv);
-      const __m512 c = _mm512_set1_ps(correction);
-      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(acc[r][k], c);
     }
     for (int64_t j = 0; j < n; ++j) {
       const T* vr = vb + j * kv_token_stride;
@@ -313,11 +316,12 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   }
   for (int r = 0; r < R; ++r) {
     alignas(64) float o[d];
-    const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+    const float sum = _mm512_reduce_add_ps(l[r]);
+    const __m512 inv = _mm512_set1_ps(1.0f / sum);
     for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
     T* dst = out + (kv_head * R + r) * d;
     for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
-    if (lse) lse[kv_head * R + r] = m[r] + std::log(l[r]);
+    if (lse) lse[kv_head * R + r] = m[r] + std::log(sum);
   }
 }
 
