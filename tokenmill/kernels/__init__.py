@@ -6,11 +6,11 @@ import functools
 
 import torch
 
-from tokenmill.kernels.build import load_cpu_kernels
-
 
 @functools.lru_cache(maxsize=1)
 def _fused_ops_built() -> bool:
+    from tokenmill.kernels.build import load_cpu_kernels  # not at import: `python -m tokenmill.kernels.build`
+
     return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "skinny_gemm")
 
 
