@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup serve test lint clean
 
-$(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp)
+$(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenmill/kernels/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: this release is the CPU build that lies on this machine's disk.
 	$(PY) -m pip install -q torch==2.13.0

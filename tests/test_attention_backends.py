@@ -24,17 +24,22 @@ def _case(q_lens, ctx_lens, block_size, hq, hkv, d, dtype, seed=0):
     for i, nb in enumerate(blocks_per):
         table[i, :nb] = perm[used:used + nb]
         used += nb
+    return _new_tokens(table, seq_lens, q_lens, cache, hq, g)
+
+
+def _new_tokens(table, seq_lens, q_lens, cache, hq, g):
+    """The step's metadata and random q/k/v for the last q_lens[i] tokens of each request, K/V written."""
+    block_size, hkv, d = cache.shape[2], cache.shape[3], cache.shape[4]
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64)
-    slots = []
-    for i, (c, s) in enumerate(zip(ctx_lens, seq_lens)):
-        pos = np.arange(c, s)
-        slots.append(table[i, pos // block_size].numpy() * block_size + pos % block_size)
+    row = np.repeat(np.arange(len(q_lens)), q_lens)
+    pos = np.concatenate([np.arange(s - n, s) for s, n in zip(seq_lens, q_lens)])
+    slots = table[row, pos // block_size].numpy().astype(np.int64) * block_size + pos % block_size
+    md = AttentionMetadata(torch.from_numpy(slots), table, torch.from_numpy(qsl), torch.tensor(seq_lens), qsl,
+                           np.array(seq_lens), max(q_lens), max(seq_lens))
     t = int(qsl[-1])
-    md = AttentionMetadata(torch.from_numpy(np.concatenate(slots)), table, torch.from_numpy(qsl),
-                           torch.tensor(seq_lens), qsl, np.array(seq_lens), max(q_lens), max(seq_lens))
-    q = torch.randn(t, hq, d, generator=g).to(dtype)
-    k = torch.randn(t, hkv, d, generator=g).to(dtype)
-    v = torch.randn(t, hkv, d, generator=g).to(dtype)
+    q = torch.randn(t, hq, d, generator=g).to(cache.dtype)
+    k = torch.randn(t, hkv, d, generator=g).to(cache.dtype)
+    v = torch.randn(t, hkv, d, generator=g).to(cache.dtype)
     write_kv(cache, k, v, md.slot_mapping)
     return q, k, v, cache, md
 
@@ -92,18 +97,7 @@ def _shared_prefix_case(tails, q_lens, prefix_blocks, block_size, hq, hkv, d, dt
         table[i, : prefix_blocks + nb] = torch.tensor(shared + rest[:nb])
         rest = rest[nb:]
     cache = torch.randn(2, num_blocks, block_size, hkv, d, generator=g).to(dtype)
-    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64)
-    row = np.repeat(np.arange(len(tails)), q_lens)
-    pos = np.concatenate([np.arange(s - n, s) for s, n in zip(seq_lens, q_lens)])
-    slots = table[row, pos // block_size].numpy().astype(np.int64) * block_size + pos % block_size
-    md = AttentionMetadata(torch.from_numpy(slots), table, torch.from_numpy(qsl), torch.tensor(seq_lens), qsl,
-                           np.array(seq_lens), max(q_lens), max(seq_lens))
-    t = int(qsl[-1])
-    q = torch.randn(t, hq, d, generator=g).to(dtype)
-    k = torch.randn(t, hkv, d, generator=g).to(dtype)
-    v = torch.randn(t, hkv, d, generator=g).to(dtype)
-    write_kv(cache, k, v, md.slot_mapping)
-    return q, k, v, cache, md
+    return _new_tokens(table, seq_lens, q_lens, cache, hq, g)
 
 
 SHARED_PREFIX_CASES = {

@@ -25,10 +25,11 @@ def test_bad_cpu_bind_is_a_clear_error():
         EngineArgs(cpu_bind="all").create_engine_config()
 
 
-def test_one_cpu_per_core_keeps_order_and_distinct_cores():
+def test_one_cpu_per_core_is_an_ordered_subset():
     cpus = sorted(os.sched_getaffinity(0))
     chosen = one_cpu_per_core(cpus)
     assert chosen and chosen == sorted(chosen) and set(chosen) <= set(cpus)
+    assert one_cpu_per_core(chosen) == chosen  # one per core already: nothing more to drop
 
 
 def test_bind_threads_pins_each_thread():

@@ -16,7 +16,9 @@ from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = sorted(_CSRC.glob("*.cpp"))
+_HEADERS = sorted(_CSRC.glob("*.h"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
@@ -24,7 +26,7 @@ def _build_dir() -> Path:
     import torch
 
     key = hashlib.sha256()
-    for src in _SOURCES:
+    for src in _SOURCES + _HEADERS:
         key.update(src.name.encode() + src.read_bytes())
     key.update(" ".join(_FLAGS).encode() + torch.__version__.encode())
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "ext"

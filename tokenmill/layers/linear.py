@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tokenmill.kernels as kernels
+
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
@@ -34,12 +36,10 @@ class PackedWeight:
     native skinny matmul over the original rows when only a few rows come in (small decode batches)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        from tokenmill.kernels import native_kernels_for
-
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         self.bias = bias.detach() if bias is not None else None
         self.out_features = weight.shape[0]
-        self.rows = weight.detach().contiguous() if native_kernels_for(weight) else None
+        self.rows = weight.detach().contiguous() if kernels.native_kernels_for(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
@@ -111,9 +111,7 @@ class RMSNorm(nn.Module):
         self.native = False
 
     def process_weights_after_loading(self) -> None:
-        from tokenmill.kernels import native_kernels_for
-
-        self.native = native_kernels_for(self.weight)
+        self.native = kernels.native_kernels_for(self.weight)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:

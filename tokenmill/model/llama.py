@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tokenmill.kernels as kernels
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.layers.attention import PagedAttention
 from tokenmill.layers.linear import Embedding, Linear, MergedLinear, PackedWeight, RMSNorm, onednn_packing_helps
@@ -47,9 +48,7 @@ class LlamaAttention(nn.Module):
         self.native = False
 
     def process_weights_after_loading(self) -> None:
-        from tokenmill.kernels import native_kernels_for
-
-        self.native = native_kernels_for(self.qkv_proj.weight) and not self.qk_norm
+        self.native = kernels.native_kernels_for(self.qkv_proj.weight) and not self.qk_norm
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -95,9 +94,7 @@ class LlamaMLP(nn.Module):
         self.native = False
 
     def process_weights_after_loading(self) -> None:
-        from tokenmill.kernels import native_kernels_for
-
-        self.native = self.is_silu and native_kernels_for(self.gate_up_proj.weight)
+        self.native = self.is_silu and kernels.native_kernels_for(self.gate_up_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

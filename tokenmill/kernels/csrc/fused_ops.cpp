@@ -18,6 +18,8 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
+#include "vec_math.h"
+
 namespace {
 
 using bf16 = uint16_t;
@@ -86,22 +88,7 @@ void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double
   });
 }
 
-// silu(g) = g / (1 + exp(-g)); exp from the AVX-512 exponent/mantissa split (vscalefps), ~1e-7 relative.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, fi);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, fi);
-}
+// silu(g) = g / (1 + exp(-g)), with exp512 from vec_math.h.
 
 void silu_and_mul(at::Tensor out, const at::Tensor& x) {
   check_rows(out, "out");

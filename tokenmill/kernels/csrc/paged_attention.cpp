@@ -20,6 +20,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "vec_math.h"
 #endif
 
 namespace {
@@ -174,7 +176,7 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   store_rows(out, acc, l, q_len, group, d, kv_head, q_token_stride, q_head_stride);
   if (lse)
     for (int64_t t = 0; t < q_len; ++t)
-      for (int64_t g = 0; g < group; ++g) lse[t * q_token_stride / d + kv_head * group + g] = m[t * group + g] +
+      for (int64_t g = 0; g < group; ++g) lse[t * (q_token_stride / q_head_stride) + kv_head * group + g] = m[t * group + g] +
                                                                                             std::log(l[t * group + g]);
 }
 
@@ -218,21 +220,6 @@ inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __
 }
 #endif
 
-// exp on 16 lanes: 2^t = 2^floor(t) * poly(frac(t)), with scalef doing the 2^floor(t) exactly.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, fi);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, fi);
-}
 
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
