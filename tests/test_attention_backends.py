@@ -83,14 +83,16 @@ def test_unknown_backend():
         get_backend("nope", "cpu")
 
 
-def _shared_prefix_case(tails, q_lens, prefix_blocks, block_size, hq, hkv, d, dtype, seed=0):
-    """Requests whose block tables start with the same `prefix_blocks` blocks, then `tails[i]` tokens in their
-    own blocks, the last `q_lens[i]` of which are new in this step."""
+def _shared_prefix_case(tails, q_lens, prefix_blocks, block_size, hq, hkv, d, dtype, in_order=False, seed=0):
+    """Requests whose block tables start with the same `prefix_blocks` blocks (scattered, or in_order: 1, 2,
+    3, ...), then `tails[i]` tokens in their own blocks, the last `q_lens[i]` of which are new in this step."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = [prefix_blocks * block_size + t for t in tails]
     own = [-(-t // block_size) for t in tails]
     num_blocks = prefix_blocks + sum(own) + 2
     perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    if in_order:
+        perm = list(range(1, prefix_blocks + 1)) + [b for b in perm if b > prefix_blocks]
     shared, rest = perm[:prefix_blocks], perm[prefix_blocks:]
     table = torch.zeros(len(tails), prefix_blocks + max(own), dtype=torch.int32)
     for i, nb in enumerate(own):
@@ -103,19 +105,25 @@ def _shared_prefix_case(tails, q_lens, prefix_blocks, block_size, hq, hkv, d, dt
 SHARED_PREFIX_CASES = {
     "decodes": ([1, 5, 16, 17, 40, 3, 30, 9, 2, 64], [1] * 10),
     "decodes_and_chunks": ([33, 5, 16, 17, 40, 3, 30, 9, 2, 64, 20], [33, 1, 16, 1, 20, 3, 1, 9, 1, 1, 7]),
+    # the long chunk is attended apart (SDPA over the gathered cache): the cascade takes only some tokens
+    "decodes_and_a_long_chunk": ([1, 5, 16, 17, 40, 3, 30, 9, 2, 200], [1] * 9 + [150]),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 2, 32)])
 @pytest.mark.parametrize("case", sorted(SHARED_PREFIX_CASES))
-def test_shared_prefix_matches_reference(dtype, hq, hkv, d, case):
+@pytest.mark.parametrize("in_order", [False, True])
+def test_shared_prefix_matches_reference(dtype, hq, hkv, d, case, in_order):
     """The cascade path (prefix by flash attention, tails by the kernel, merged by log-sum-exp) is taken
-    and agrees with attending each request on its own, for decodes and for chunks after the prefix."""
+    and agrees with attending each request on its own, for decodes and for chunks after the prefix, with
+    the prefix's blocks gathered (scattered) or viewed in place (in order)."""
     tails, q_lens = SHARED_PREFIX_CASES[case]
-    q, k, v, cache, md = _shared_prefix_case(tails, q_lens, 20, 16, hq, hkv, d, dtype)
+    q, k, v, cache, md = _shared_prefix_case(tails, q_lens, 20, 16, hq, hkv, d, dtype, in_order)
     ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
     out = get_backend("cpu", "cpu").forward(q, k, v, cache, md, 0.125)
-    assert md.backend_plan["cpu"].prefix.num_blocks == 20
+    prefix = md.backend_plan["cpu"].prefix
+    assert prefix.num_blocks == 20 and (prefix.first_block is not None) == in_order
+    assert prefix.all_tokens == (case != "decodes_and_a_long_chunk")
     tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(out.float(), ref.float(), **tol)

@@ -32,6 +32,8 @@ class SharedPrefix:
     num_blocks: int
     block_ids: torch.Tensor     # [num_blocks] int64, the same leading blocks of every kernel row
     token_index: torch.Tensor   # [N] every new token of the kernel rows
+    all_tokens: bool            # token_index is every token of the step, in order
+    first_block: int | None     # the blocks are first_block, first_block + 1, ...: a view, no gather
 
 
 @dataclass
@@ -75,17 +77,11 @@ class CpuPagedBackend(AttentionBackend):
         rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
         group = hq // hkv
         # queries grouped by KV head: [1, Hkv, R * group, D]; the prefix's keys and values: [1, Hkv, S, D]
-        qh = q[prefix.token_index].view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
-        kp = kv_cache[0][prefix.block_ids].view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
-        vp = kv_cache[1][prefix.block_ids].view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
+        qr = q if prefix.all_tokens else q[prefix.token_index]
+        qh = qr.view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
+        kp, vp = (_prefix_keys(kv_cache[i], prefix).view(-1, hkv, d).transpose(0, 1).unsqueeze(0) for i in (0, 1))
         o_pre, lse_pre = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kp, vp, scale=scale)
-        o_pre = o_pre.view(hkv, rows, group, d).transpose(0, 1).reshape(rows, hq, d)
-        lse_pre = lse_pre.view(hkv, rows, group).transpose(0, 1).reshape(rows, hq)
-        lse_tail = lse_tail[prefix.token_index]
-        top = torch.maximum(lse_pre, lse_tail)
-        w_pre, w_tail = torch.exp(lse_pre - top), torch.exp(lse_tail - top)
-        merged = (o_pre.float() * w_pre[..., None] + out[prefix.token_index].float() * w_tail[..., None])
-        out[prefix.token_index] = (merged / (w_pre + w_tail)[..., None]).to(out.dtype)
+        torch.ops.tokenmill.merge_attn_states(out, lse_tail, o_pre, lse_pre, prefix.token_index)
 
     @staticmethod
     def _plan(md: AttentionMetadata, block_size: int) -> CpuPlan:
@@ -118,4 +114,15 @@ def _shared_prefix(md: AttentionMetadata, rows: np.ndarray, context: np.ndarray,
     qsl = md.query_start_loc_np
     lens = qsl[rows + 1] - qsl[rows]
     tokens = np.repeat(qsl[rows] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-    return SharedPrefix(n, torch.from_numpy(table[0, :n].astype(np.int64)), torch.from_numpy(tokens))
+    ids = table[0, :n].astype(np.int64)
+    consecutive = bool((np.diff(ids) == 1).all())
+    return SharedPrefix(n, torch.from_numpy(ids), torch.from_numpy(tokens), len(tokens) == qsl[-1],
+                        int(ids[0]) if consecutive else None)
+
+
+def _prefix_keys(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:
+    """The prefix's blocks of one K or V cache: a view when they lie in order (the usual case: a prompt's
+    blocks are handed out together), else a gathered copy."""
+    if prefix.first_block is not None:
+        return cache.narrow(0, prefix.first_block, prefix.num_blocks)
+    return cache.index_select(0, prefix.block_ids)
