@@ -1,4 +1,4 @@
-"""The native bf16 kernels (skinny matmul, norms, silu-and-mul, rope-and-cache) agree with their torch
+"""The native bf16 kernels (tiled matmuls, norms, silu-and-mul, rope-and-cache) agree with their torch
 references computed in fp32, to bf16 rounding; and a whole bf16 model using them is as close to fp32 as the
 torch bf16 path is."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenmill.kernels import native_kernels_for
+from tokenmill.kernels import amx_available, native_kernels_for
+from tokenmill.layers.linear import PackedWeight
 from tokenmill.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not native_kernels_for(torch.zeros(1, dtype=torch.bfloat16)),
@@ -29,16 +30,45 @@ def _assert_bf16_close(out: torch.Tensor, ref: torch.Tensor, ulps: float = 2.0):
     assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
-@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (100, 37), (64, 5)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_skinny_gemm(m, k, n, bias):
+def _linear_case(m, k, n, bias):
     x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
     b = _rand(n, seed=3) if bias else None
-    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
-    out = torch.ops.tokenmill.skinny_gemm(x, w, b)
+    return x, w, b, F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (64, 48), (96, 80)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_tiled_skinny_gemm(m, k, n, bias):
+    x, w, b, ref = _linear_case(m, k, n, bias)
+    out = torch.ops.tokenmill.tiled_skinny_gemm(x, torch.ops.tokenmill.pack_tiles(w), b, n)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     _assert_bf16_close(out, ref)
+
+
+@pytest.mark.skipif(not amx_available(), reason="the AMX matmul needs a CPU with AMX")
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 128, 300])
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (64, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_gemm(m, k, n, bias):
+    """Row counts that fill whole 32-row tile pairs, part of one, and several chunks of x; an odd number of
+    16-output blocks (48) leaves a single block at the end of a thread's range."""
+    x, w, b, ref = _linear_case(m, k, n, bias)
+    out = torch.ops.tokenmill.amx_gemm(x, torch.ops.tokenmill.pack_tiles(w), b, n)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    _assert_bf16_close(out, ref)
+
+
+@pytest.mark.parametrize("k, n", [(576, 960), (100, 37)])
+def test_packed_weight_every_batch_size(k, n):
+    """PackedWeight takes the skinny, AMX or oneDNN matmul by batch size, or only oneDNN where the shape does
+    not fit the tile layout; every path gives the same linear."""
+    w, b = _rand(n, k, seed=2), _rand(n, seed=3)
+    packed = PackedWeight(w, b)
+    assert (packed.tiles is not None) == (n % 16 == 0 and k % 32 == 0)
+    for m in (1, 4, 5, 64, 128, 129, 300):
+        x = _rand(m, k, seed=m)
+        _assert_bf16_close(packed(x), F.linear(x.float(), w.float(), b.float()))
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,7 +148,8 @@ def _bf16_error(llm_bf16, llm_fp32, prompts):
 
 
 def test_bf16_model_with_native_kernels_as_close_to_fp32_as_torch_path(tiny_model_dir, monkeypatch):
-    """Prefill and decode steps (1-3 rows take the skinny matmul) against fp32 scores of the same tokens."""
+    """Prefill and decode steps (1-3 rows take the skinny matmul, prompts the AMX one where the CPU has it)
+    against fp32 scores of the same tokens."""
     import tokenmill.kernels
     from tokenmill import LLM
 

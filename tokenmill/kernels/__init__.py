@@ -1,4 +1,4 @@
-"""tokenmill's native CPU kernels: paged attention, skinny bf16 matmuls and fused elementwise ops."""
+"""tokenmill's native CPU kernels: paged attention, bf16 matmuls on the AMX tile layout and fused elementwise ops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 def _fused_ops_built() -> bool:
     from tokenmill.kernels.build import load_cpu_kernels  # not at import: `python -m tokenmill.kernels.build`
 
-    return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "skinny_gemm")
+    return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "tiled_skinny_gemm")
 
 
 def native_kernels_for(t: torch.Tensor) -> bool:
@@ -19,3 +19,9 @@ def native_kernels_for(t: torch.Tensor) -> bool:
     (the AVX-512 BF16 ones are only compiled where the CPU has that instruction set). fp32 always takes the
     torch path, which is transformers' exact sequence of operations."""
     return t.device.type == "cpu" and t.dtype == torch.bfloat16 and _fused_ops_built()
+
+
+@functools.lru_cache(maxsize=1)
+def amx_available() -> bool:
+    """Whether the AMX matmul can run: kernels built with AMX, the CPU has it, and Linux grants its state."""
+    return _fused_ops_built() and bool(torch.ops.tokenmill.amx_available())
