@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.executor.base import Executor
-from tokenmill.platform import bind_cpu_threads, device_type
+from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -17,6 +17,8 @@ class UniprocExecutor(Executor):
 
         if device_type() == "cpu":
             logger.info("intra-op threads: %s", bind_cpu_threads(config.cpu_bind))
+            if not keep_freed_memory():
+                logger.info("not glibc: freed activation memory may be returned to the kernel each step")
         self.runner = ModelRunner(config, device_type())
         self.runner.load_model()
         self.runner.initialize_kv_cache()
