@@ -59,6 +59,22 @@ def test_amx_gemm(m, k, n, bias):
     _assert_bf16_close(out, ref)
 
 
+@pytest.mark.skipif(not amx_available(), reason="the AMX attention needs a CPU with AMX")
+@pytest.mark.parametrize("rows, context", [(1, 0), (5, 0), (16, 0), (17, 3), (40, 0), (100, 500), (257, 0), (64, 992)])
+def test_amx_prefill_attention(rows, context):
+    """Causal attention of a prompt or of a chunk after cached context, with GQA, K/V read through the strides
+    of the fused qkv output, against fp32 attention with the same inputs."""
+    qkv = _rand(context + rows, 960, seed=7)
+    k, v = qkv[:, 576:768].view(-1, 3, 64), qkv[:, 768:].view(-1, 3, 64)
+    q = _rand(rows, 9, 64, seed=8)
+    out = torch.empty(rows, 9, 64, dtype=torch.bfloat16)
+    torch.ops.tokenmill.amx_prefill_attention(out, q, k, v, 0.125, context)
+    mask = torch.arange(context + rows)[None, :] <= torch.arange(context, context + rows)[:, None]
+    ref = F.scaled_dot_product_attention(*(t.float().transpose(0, 1)[None] for t in (q, k, v)), attn_mask=mask,
+                                         scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    assert (out.float() - ref).abs().max().item() <= 0.02  # P and the output are rounded to bf16 (values ~1)
+
+
 @pytest.mark.parametrize("k, n", [(576, 960), (100, 37)])
 def test_packed_weight_every_batch_size(k, n):
     """PackedWeight takes the skinny, AMX or oneDNN matmul by batch size, or only oneDNN where the shape does

@@ -22,8 +22,8 @@
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx.h"
 
 namespace {
 
@@ -33,37 +33,6 @@ constexpr int64_t kTileN = 16;      // outputs per B or C tile
 constexpr int64_t kTileBytes = 1024;
 constexpr int64_t kChunkBytes = 512 * 1024;  // rows of x per pass over the weights: a quarter of L2
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// Linux hands out AMX state only to processes that ask for it (arch_prctl ARCH_REQ_XCOMP_PERM).
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    unsigned eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    const bool has_tile = (edx >> 24) & 1, has_bf16 = (edx >> 22) & 1;
-    return has_tile && has_bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = kTileRows;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-#endif
 
 // w [N, K] -> [N / 16, K / 32, 16 (k pairs), 16 (outputs), 2 (k in pair)]: the tile layout of w^T.
 at::Tensor pack_tiles(const at::Tensor& w) {
@@ -176,7 +145,7 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
 // chunks that stay in L2 while the thread's weight range streams past them once per chunk.
 void gemm_range(const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k, const uint16_t* wp, const float* bias,
                 uint16_t* y, int64_t n, int64_t nb0, int64_t nb1) {
-  configure_tiles();
+  tokenmill_amx::configure_tiles();
   alignas(64) float c[4][kTileRows * kTileN];
   const int64_t kb = k / kTileK, panel = kb * kTileBytes, lda = k * 2;
   const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
@@ -225,7 +194,7 @@ void gemm_range(const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k, const u
 
 at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                     int64_t n) {
-  TORCH_CHECK(amx_permitted(), "amx_gemm: this CPU or kernel does not allow AMX");
+  TORCH_CHECK(tokenmill_amx::permitted(), "amx_gemm: this CPU or kernel does not allow AMX");
   check_packed(x, packed, n);
   const int64_t m = x.size(0), k = x.size(1);
   auto y = at::empty({m, n}, x.options());
@@ -250,7 +219,7 @@ at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
   return y;
 }
 
-bool amx_available() { return amx_permitted(); }
+bool amx_available() { return tokenmill_amx::permitted(); }
 #else
 bool amx_available() { return false; }
 at::Tensor amx_gemm(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, int64_t) {
