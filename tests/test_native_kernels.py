@@ -75,6 +75,22 @@ def test_amx_prefill_attention(rows, context):
     assert (out.float() - ref).abs().max().item() <= 0.02  # P and the output are rounded to bf16 (values ~1)
 
 
+@pytest.mark.skipif(not amx_available(), reason="the AMX attention needs a CPU with AMX")
+@pytest.mark.parametrize("rows, keys", [(1, 256), (40, 1024), (17, 300)])
+def test_amx_attention_over_a_shared_prefix(rows, keys):
+    """Not causal (every query sees every key, as over a cascade's shared prefix), with the log-sum-exps that
+    the merge of partial results needs."""
+    kv = _rand(keys, 2, 3, 64, seed=9)
+    k, v = kv[:, 0], kv[:, 1]
+    q = _rand(rows, 9, 64, seed=10)
+    out, lse = torch.empty(rows, 9, 64, dtype=torch.bfloat16), torch.empty(rows, 9)
+    torch.ops.tokenmill.amx_prefill_attention(out, q, k, v, 0.125, 0, False, lse)
+    scores = torch.einsum("rhd,shd->rhs", q.float(), k.float().repeat_interleave(3, dim=1)) * 0.125
+    ref = torch.einsum("rhs,shd->rhd", scores.softmax(-1), v.float().repeat_interleave(3, dim=1))
+    assert (out.float() - ref).abs().max().item() <= 0.02
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=2e-2, rtol=0)
+
+
 @pytest.mark.parametrize("k, n", [(576, 960), (100, 37)])
 def test_packed_weight_every_batch_size(k, n):
     """PackedWeight takes the skinny, AMX or oneDNN matmul by batch size, or only oneDNN where the shape does

@@ -1,10 +1,11 @@
-"""The CPU backend: the native paged-attention kernel for decodes and short chunks after a cached prefix,
-SDPA for prompts and long chunks (attention there is a matrix product that oneDNN runs well).
+"""The CPU backend: the native paged-attention kernel for decodes and short chunks after a cached prefix;
+prompts and long chunks (attention there is a matrix product) on AMX tiles in bf16 where the CPU has AMX,
+else through SDPA's flash attention.
 
 Shared-prefix ("cascade") attention: when the requests that continue from cached context all start with the
 same blocks (a common system prompt, W3's shared document), the prefix is attended once for all their new
-tokens as one flash-attention call (every query against the prefix's keys: a matrix product), the kernel
-attends each request's own tail, and the two partial results are merged by their log-sum-exps.
+tokens as one matrix-product attention (every query against the prefix's keys), the kernel attends each
+request's own tail, and the two partial results are merged by their log-sum-exps.
 """
 
 from __future__ import annotations
@@ -79,11 +80,20 @@ class CpuPagedBackend(AttentionBackend):
                  plan.kernel_rows, scale, prefix.num_blocks, lse_tail)
         rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
         group = hq // hkv
-        # queries grouped by KV head: [1, Hkv, R * group, D]; the prefix's keys and values: [1, Hkv, S, D]
         qr = q if prefix.all_tokens else q[prefix.token_index]
-        qh = qr.view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
-        kp, vp = (_prefix_keys(kv_cache[i], prefix).view(-1, hkv, d).transpose(0, 1).unsqueeze(0) for i in (0, 1))
-        o_pre, lse_pre = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kp, vp, scale=scale)
+        kp, vp = (_prefix_keys(kv_cache[i], prefix) for i in (0, 1))   # [blocks, block_size, Hkv, D]
+        if self._amx and q.dtype == torch.bfloat16 and d == 64:
+            o_pre = torch.empty(rows, hq, d, dtype=q.dtype)
+            lse_pre = torch.empty(rows, hq, dtype=torch.float32)
+            torch.ops.tokenmill.amx_prefill_attention(o_pre, qr, kp.flatten(0, 1), vp.flatten(0, 1), scale, 0, False,
+                                                      lse_pre)
+            o_pre, lse_pre = o_pre.view(rows, hkv, group, d), lse_pre.view(rows, hkv, group)
+        else:  # flash attention with the queries grouped by KV head: [1, Hkv, R * group, D] against [1, Hkv, S, D]
+            qh = qr.view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
+            kh, vh = (t.view(-1, hkv, d).transpose(0, 1).unsqueeze(0) for t in (kp, vp))
+            o_pre, lse_pre = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh, scale=scale)
+            o_pre = o_pre.view(hkv, rows, group, d).permute(1, 0, 2, 3)
+            lse_pre = lse_pre.view(hkv, rows, group).permute(1, 0, 2)
         torch.ops.tokenmill.merge_attn_states(out, lse_tail, o_pre, lse_pre, prefix.token_index)
 
     @staticmethod

@@ -54,14 +54,43 @@ void pack_kv(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t se
   }
 }
 
+// pack_kv for one whole step of 32 keys, vectorised: K^T is a transpose of 32-bit d pairs (for each key half,
+// word w of key j goes to w * 16 + j: one gather per word), V interleaves the rows of each key pair.
+void pack_kv_step(const uint16_t* k, const uint16_t* v, int64_t kv_stride, uint16_t* kt, uint16_t* vt) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int32_t>(kv_stride / 2)));
+  for (int64_t half = 0; half < 2; ++half) {
+    const int32_t* src = reinterpret_cast<const int32_t*>(k + half * 16 * kv_stride);
+    int32_t* dst = reinterpret_cast<int32_t*>(kt + half * 2 * kTile);
+    for (int64_t w = 0; w < kD / 2; ++w) _mm512_storeu_si512(dst + w * 16, _mm512_i32gather_epi32(rows, src + w, 4));
+  }
+  alignas(64) static const int16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const int16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int64_t pr = 0; pr < kKeys / 2; ++pr) {
+    const uint16_t* a = v + 2 * pr * kv_stride;
+    const uint16_t* b = a + kv_stride;
+    for (int64_t h = 0; h < 2; ++h) {  // d 0-31, then 32-63
+      const __m512i x = _mm512_loadu_si512(a + 32 * h), y = _mm512_loadu_si512(b + 32 * h);
+      _mm512_storeu_si512(vt + (2 * h) * kTile + pr * 32, _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_storeu_si512(vt + (2 * h + 1) * kTile + pr * 32, _mm512_permutex2var_epi16(x, hi, y));
+    }
+  }
+}
+
 // One query head, query rows [r0, r0 + kQ) of this request (positions context + r), all their keys.
 // O accumulates in tiles 4-7 across the whole walk: the softmax uses a running maximum that is only raised
 // when a score exceeds it by more than kLazy (then the tiles are flushed and rescaled), so most steps need no
 // rescaling; exp(score - max) stays below e^kLazy, far inside fp32 and bf16 range.
 constexpr float kLazy = 8.0f;
 
+// Causal: row r sees keys 0..context + r0 + r. Not causal: every row sees all seq_len keys. lse, when given,
+// receives each row's log-sum-exp of its scaled scores (at lse + r * lse_stride).
 void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint16_t* kp, const uint16_t* vp,
-                  int64_t context, int64_t r0, float scale, uint16_t* out, int64_t out_stride) {
+                  int64_t context, int64_t seq_len, bool causal, int64_t r0, float scale, uint16_t* out,
+                  int64_t out_stride, float* lse, int64_t lse_stride) {
   alignas(64) float s[kQ * kKeys];
   alignas(64) float o[kQ * kD];
   alignas(64) float lv[kQ * 16];   // per row, a vector of partial sums of P
@@ -77,7 +106,7 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint1
   _tile_zero(5);
   _tile_zero(6);
   _tile_zero(7);
-  const int64_t steps = (context + r0 + n - 1) / kKeys + 1;
+  const int64_t steps = causal ? (context + r0 + n - 1) / kKeys + 1 : (seq_len + kKeys - 1) / kKeys;
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
   for (int64_t st = 0; st < steps; ++st) {
     const uint16_t* kt = kp + st * 4 * kTile;
@@ -100,7 +129,7 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint1
     float grow[kQ];
     for (int64_t r = 0; r < kQ; ++r) {
       grow[r] = 1.0f;
-      const int64_t visible = r < n ? context + r0 + r - key0 + 1 : 0;  // keys of this step the row sees
+      const int64_t visible = r >= n ? 0 : causal ? context + r0 + r - key0 + 1 : seq_len - key0;  // keys it sees
       const __mmask16 ma = visible >= 16 ? 0xFFFF : visible <= 0 ? 0 : static_cast<__mmask16>((1u << visible) - 1);
       const __mmask16 mb = visible >= 32 ? 0xFFFF : visible <= 16 ? 0
                                                                   : static_cast<__mmask16>((1u << (visible - 16)) - 1);
@@ -159,17 +188,20 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint1
   _tile_stored(6, o + 32, kD * 4);
   _tile_stored(7, o + 48, kD * 4);
   for (int64_t r = 0; r < n; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_load_ps(lv + r * 16)));
+    const float sum = _mm512_reduce_add_ps(_mm512_load_ps(lv + r * 16));
+    if (lse) lse[r * lse_stride] = m[r] + std::log(sum);
+    const __m512 inv = _mm512_set1_ps(1.0f / sum);
     for (int64_t x = 0; x < kD; x += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride + x),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(o + r * kD + x), inv)));
   }
 }
 
-// out [L, Hq, 64] (rows of this request), q [L, Hq, 64], k and v [S, Hkv, 64] with S = context + L; each may
-// have any token stride. Query row r sits at position context + r and sees keys 0..context + r.
+// out [L, Hq, 64] (rows of this request), q [L, Hq, 64], k and v [S, Hkv, 64]; each may have any token stride.
+// Causal: S = context + L, and query row r sits at position context + r and sees keys 0..context + r. Not
+// causal: every row sees all S keys (a shared prefix, for cascade attention). lse: [L, Hq] fp32, optional.
 void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scale, int64_t context) {
+                           double scale, int64_t context, bool causal, const c10::optional<at::Tensor>& lse) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
                   v.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
               "amx_prefill_attention: bf16 only");
@@ -180,7 +212,15 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
   TORCH_CHECK(k.stride(0) == v.stride(0), "amx_prefill_attention: k and v must share a row stride");
   TORCH_CHECK(tokenmill_amx::permitted(), "amx_prefill_attention: this CPU or kernel does not allow AMX");
   const int64_t rows = q.size(0), hq = q.size(1), hkv = k.size(1), seq_len = k.size(0);
-  TORCH_CHECK(seq_len == context + rows && hq % hkv == 0, "amx_prefill_attention: shapes");
+  TORCH_CHECK((!causal || seq_len == context + rows) && seq_len > 0 && hq % hkv == 0, "amx_prefill_attention: shapes");
+  float* lse_p = nullptr;
+  int64_t lse_row = 0, lse_head = 0;
+  if (lse.has_value() && lse->defined()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->size(0) == rows && lse->size(1) == hq, "lse: [L, Hq] fp32");
+    lse_p = lse->data_ptr<float>();
+    lse_row = lse->stride(0);
+    lse_head = lse->stride(1);
+  }
   const int64_t group = hq / hkv, steps = (seq_len + kKeys - 1) / kKeys;
   std::vector<uint16_t> kp(hkv * steps * 4 * kTile), vp(hkv * steps * 4 * kTile);
   const auto* k_p = reinterpret_cast<const uint16_t*>(k.data_ptr());
@@ -189,9 +229,15 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
     for (int64_t t = b; t < e; ++t) {
       const int64_t h = t / steps, st = t % steps;
       const int64_t keys = std::min(kKeys, seq_len - st * kKeys);
-      // pack_kv on a one-step window: keys st*32 .. st*32+31 of head h
-      pack_kv(k_p + st * kKeys * k.stride(0) + h * kD, v_p + st * kKeys * v.stride(0) + h * kD, k.stride(0), keys,
-              1, kp.data() + (h * steps + st) * 4 * kTile, vp.data() + (h * steps + st) * 4 * kTile);
+      // keys st*32 .. st*32+31 of head h
+      const uint16_t* ks = k_p + st * kKeys * k.stride(0) + h * kD;
+      const uint16_t* vs = v_p + st * kKeys * v.stride(0) + h * kD;
+      uint16_t* kt = kp.data() + (h * steps + st) * 4 * kTile;
+      uint16_t* vt = vp.data() + (h * steps + st) * 4 * kTile;
+      if (keys == kKeys)
+        pack_kv_step(ks, vs, k.stride(0), kt, vt);
+      else
+        pack_kv(ks, vs, k.stride(0), keys, 1, kt, vt);
     }
   });
   const auto* q_p = reinterpret_cast<const uint16_t*>(q.data_ptr());
@@ -202,8 +248,9 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
     for (int64_t t = b; t < e; ++t) {
       const int64_t h = t / blocks, qb = t % blocks, kvh = h / group;
       attend_block(q_p + h * kD, q.stride(0), rows, kp.data() + kvh * steps * 4 * kTile,
-                   vp.data() + kvh * steps * 4 * kTile, context, qb * kQ, static_cast<float>(scale),
-                   o_p + qb * kQ * out.stride(0) + h * kD, out.stride(0));
+                   vp.data() + kvh * steps * 4 * kTile, context, seq_len, causal, qb * kQ, static_cast<float>(scale),
+                   o_p + qb * kQ * out.stride(0) + h * kD, out.stride(0),
+                   lse_p ? lse_p + qb * kQ * lse_row + h * lse_head : nullptr, lse_row);
     }
     _tile_release();
   });
@@ -212,7 +259,8 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("amx_prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, float scale, int context) -> ()");
+  m.def("amx_prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, float scale, int context, "
+        "bool causal=True, Tensor(b!)? lse=None) -> ()");
 }
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("amx_prefill_attention", &amx_prefill_attention); }
 
