@@ -33,28 +33,24 @@ constexpr int64_t kKeys = 32;     // keys per step
 constexpr int64_t kTile = 512;    // bf16 values in one 1 KB tile
 
 // K of one KV head as B tiles of K^T: for each 32-key step, [2 key halves][2 d halves][16 d pairs][16 keys][2].
-// V as B tiles: for each 32-key step, [4 d blocks][16 key pairs][16 d][2]. Keys past seq_len are zero.
-void pack_kv(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t seq_len, int64_t steps,
-             uint16_t* kp, uint16_t* vp) {
-  for (int64_t st = 0; st < steps; ++st) {
-    uint16_t* kt = kp + st * 4 * kTile;
-    uint16_t* vt = vp + st * 4 * kTile;
-    for (int64_t j = 0; j < kKeys; ++j) {
-      const int64_t key = st * kKeys + j;
-      const bool real = key < seq_len;
-      const uint16_t* kr = k + key * kv_stride;
-      const uint16_t* vr = v + key * kv_stride;
-      for (int64_t x = 0; x < kD; ++x) {
-        // K^T tile (key half j / 16, d half x / 32): row = d pair, column = key, element = d within the pair
-        kt[((j / 16) * 2 + x / 32) * kTile + ((x % 32) / 2) * 32 + (j % 16) * 2 + x % 2] = real ? kr[x] : 0;
-        // V tile (d block x / 16): row = key pair, column = d, element = key within the pair
-        vt[(x / 16) * kTile + (j / 2) * 32 + (x % 16) * 2 + j % 2] = real ? vr[x] : 0;
-      }
+// V as B tiles: for each 32-key step, [4 d blocks][16 key pairs][16 d][2]. This packs one step of `keys` < 32
+// keys (the last one of a sequence), the rest as zeros; pack_kv_step below packs whole steps.
+void pack_kv_partial(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t keys, uint16_t* kt,
+                     uint16_t* vt) {
+  for (int64_t j = 0; j < kKeys; ++j) {
+    const bool real = j < keys;
+    const uint16_t* kr = k + j * kv_stride;
+    const uint16_t* vr = v + j * kv_stride;
+    for (int64_t x = 0; x < kD; ++x) {
+      // K^T tile (key half j / 16, d half x / 32): row = d pair, column = key, element = d within the pair
+      kt[((j / 16) * 2 + x / 32) * kTile + ((x % 32) / 2) * 32 + (j % 16) * 2 + x % 2] = real ? kr[x] : 0;
+      // V tile (d block x / 16): row = key pair, column = d, element = key within the pair
+      vt[(x / 16) * kTile + (j / 2) * 32 + (x % 16) * 2 + j % 2] = real ? vr[x] : 0;
     }
   }
 }
 
-// pack_kv for one whole step of 32 keys, vectorised: K^T is a transpose of 32-bit d pairs (for each key half,
+// One whole step of 32 keys, vectorised: K^T is a transpose of 32-bit d pairs (for each key half,
 // word w of key j goes to w * 16 + j: one gather per word), V interleaves the rows of each key pair.
 void pack_kv_step(const uint16_t* k, const uint16_t* v, int64_t kv_stride, uint16_t* kt, uint16_t* vt) {
   const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -237,7 +233,7 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
       if (keys == kKeys)
         pack_kv_step(ks, vs, k.stride(0), kt, vt);
       else
-        pack_kv(ks, vs, k.stride(0), keys, 1, kt, vt);
+        pack_kv_partial(ks, vs, k.stride(0), keys, kt, vt);
     }
   });
   const auto* q_p = reinterpret_cast<const uint16_t*>(q.data_ptr());

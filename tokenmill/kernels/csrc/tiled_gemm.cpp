@@ -5,7 +5,7 @@
 //  - skinny (1-4 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
 //    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
 //    small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small weights at ~14 GB/s
-//    here, this reaches 20-35 GB/s.
+//    here, this one at ~20 GB/s, what the machine reads.
 //  - AMX (5 to a few hundred rows): C00 C01 C10 C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block
 //    from A0 A1 (16 rows x 32 k) and B0 B1 (tiles of the panels); each weight tile is loaded once per 32-row
 //    chunk of x held in L2. At 8-64 rows it is 10-40% faster than oneDNN's packed matmul here (the weights
@@ -32,7 +32,6 @@ constexpr int64_t kTileK = 32;      // bf16 values of k per tile row (64 bytes)
 constexpr int64_t kTileN = 16;      // outputs per B or C tile
 constexpr int64_t kTileBytes = 1024;
 constexpr int64_t kChunkBytes = 512 * 1024;  // rows of x per pass over the weights: a quarter of L2
-
 
 // w [N, K] -> [N / 16, K / 32, 16 (k pairs), 16 (outputs), 2 (k in pair)]: the tile layout of w^T.
 at::Tensor pack_tiles(const at::Tensor& w) {
