@@ -48,23 +48,29 @@ class TorchSdpaBackend(AttentionBackend):
         out.index_copy_(0, token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
 
 
+def prompt_row_kv(k, v, kv_cache, md, i: int) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
+    """Batch row i's token range, its tokens of earlier context, and the keys and values it attends ([S, Hkv, D]):
+    the fresh K/V when the row is a whole prompt, else its whole sequence gathered from its cache blocks."""
+    start, end = int(md.query_start_loc_np[i]), int(md.query_start_loc_np[i + 1])
+    seq_len = int(md.seq_lens_np[i])
+    if seq_len == end - start:
+        return start, end, 0, k[start:end], v[start:end]
+    blocks = md.block_table[i, : -(-seq_len // kv_cache.shape[2])].long()
+    ki = kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len]
+    vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len]
+    return start, end, seq_len - (end - start), ki, vi
+
+
 def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor) -> None:
     """Attention of batch row i's new tokens with SDPA: causal on the fresh K/V, or masked over the gathered
     cache when part of the sequence was computed before."""
-    start, end = int(md.query_start_loc_np[i]), int(md.query_start_loc_np[i + 1])
-    seq_len, q_len = int(md.seq_lens_np[i]), end - start
+    start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i)
     hq, hkv = q.shape[1], kv_cache.shape[3]
-    qi = q[start:end].transpose(0, 1)                                  # [Hq, q_len, D]
-    if seq_len == q_len:
-        ki, vi = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-        mask, causal = None, True
-    else:
-        block_size = kv_cache.shape[2]
-        blocks = md.block_table[i, : -(-seq_len // block_size)].long()
-        ki = kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
-        vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)
-        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        mask, causal = torch.arange(seq_len)[None, :] <= q_pos, False
+    qi, ki, vi = q[start:end].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1)  # [H, tokens, D]
+    mask, causal = None, True
+    if context:
+        seq_len = context + end - start
+        mask, causal = torch.arange(seq_len)[None, :] <= torch.arange(context, seq_len)[:, None], False
     # 4-D inputs reach the fused CPU flash kernel (3-D ones fall back to the math path, ~20x slower);
     # enable_gqa lets the query heads share their KV head without copies.
     o = F.scaled_dot_product_attention(qi[None], ki.to(qi.dtype)[None], vi.to(qi.dtype)[None], attn_mask=mask,

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <vector>
+#include <memory>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -218,7 +218,11 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
     lse_head = lse->stride(1);
   }
   const int64_t group = hq / hkv, steps = (seq_len + kKeys - 1) / kKeys;
-  std::vector<uint16_t> kp(hkv * steps * 4 * kTile), vp(hkv * steps * 4 * kTile);
+  // every tile of both buffers is written by the packing below (padding keys as zeros): no need to clear them
+  const int64_t packed = hkv * steps * 4 * kTile;
+  std::unique_ptr<uint16_t[]> kp_buf(new uint16_t[packed]), vp_buf(new uint16_t[packed]);
+  uint16_t* kp = kp_buf.get();
+  uint16_t* vp = vp_buf.get();
   const auto* k_p = reinterpret_cast<const uint16_t*>(k.data_ptr());
   const auto* v_p = reinterpret_cast<const uint16_t*>(v.data_ptr());
   at::parallel_for(0, hkv * steps, 8, [&](int64_t b, int64_t e) {
@@ -228,8 +232,8 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
       // keys st*32 .. st*32+31 of head h
       const uint16_t* ks = k_p + st * kKeys * k.stride(0) + h * kD;
       const uint16_t* vs = v_p + st * kKeys * v.stride(0) + h * kD;
-      uint16_t* kt = kp.data() + (h * steps + st) * 4 * kTile;
-      uint16_t* vt = vp.data() + (h * steps + st) * 4 * kTile;
+      uint16_t* kt = kp + (h * steps + st) * 4 * kTile;
+      uint16_t* vt = vp + (h * steps + st) * 4 * kTile;
       if (keys == kKeys)
         pack_kv_step(ks, vs, k.stride(0), kt, vt);
       else
@@ -243,8 +247,8 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
     tokenmill_amx::configure_tiles();
     for (int64_t t = b; t < e; ++t) {
       const int64_t h = t / blocks, qb = t % blocks, kvh = h / group;
-      attend_block(q_p + h * kD, q.stride(0), rows, kp.data() + kvh * steps * 4 * kTile,
-                   vp.data() + kvh * steps * 4 * kTile, context, seq_len, causal, qb * kQ, static_cast<float>(scale),
+      attend_block(q_p + h * kD, q.stride(0), rows, kp + kvh * steps * 4 * kTile,
+                   vp + kvh * steps * 4 * kTile, context, seq_len, causal, qb * kQ, static_cast<float>(scale),
                    o_p + qb * kQ * out.stride(0) + h * kD, out.stride(0),
                    lse_p ? lse_p + qb * kQ * lse_row + h * lse_head : nullptr, lse_row);
     }

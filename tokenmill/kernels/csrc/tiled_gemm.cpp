@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
