@@ -59,6 +59,23 @@ def test_amx_gemm(m, k, n, bias):
     _assert_bf16_close(out, ref)
 
 
+@pytest.mark.skipif(not amx_available(), reason="the AMX matmul needs a CPU with AMX")
+@pytest.mark.parametrize("m", [5, 33, 128])
+@pytest.mark.parametrize("k, i", [(576, 1536), (64, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_gemm_gated(m, k, i, bias):
+    """silu(gate) * up in the matmul's epilogue: the same bits as the matmul followed by silu_and_mul (it
+    rounds gate and up to bf16 as they do), and close to the fp32 MLP activation. An odd number of 16-output
+    blocks per half (48 = 3) pairs gate block j with up block j + 3, not with its neighbour."""
+    x, w, b, ref = _linear_case(m, k, 2 * i, bias)
+    tiles = torch.ops.tokenmill.pack_tiles(w)
+    fused = torch.ops.tokenmill.amx_gemm(x, tiles, b, 2 * i, True)
+    unfused = torch.empty(m, i, dtype=torch.bfloat16)
+    torch.ops.tokenmill.silu_and_mul(unfused, torch.ops.tokenmill.amx_gemm(x, tiles, b, 2 * i))
+    assert fused.shape == (m, i) and torch.equal(fused, unfused)
+    _assert_bf16_close(fused, F.silu(ref[:, :i]) * ref[:, i:], ulps=4.0)
+
+
 @pytest.mark.skipif(not amx_available(), reason="the AMX attention needs a CPU with AMX")
 @pytest.mark.parametrize("rows, context", [(1, 0), (5, 0), (16, 0), (17, 3), (40, 0), (100, 500), (257, 0), (64, 992)])
 def test_amx_prefill_attention(rows, context):
@@ -101,6 +118,20 @@ def test_packed_weight_every_batch_size(k, n):
     for m in (1, 4, 5, 64, 128, 129, 300):
         x = _rand(m, k, seed=m)
         _assert_bf16_close(packed(x), F.linear(x.float(), w.float(), b.float()))
+
+
+def test_packed_weight_gated_only_on_the_amx_rows():
+    """The fused silu(gate) * up is offered exactly where the AMX matmul takes the rows; elsewhere the caller
+    falls back to the matmul and silu_and_mul."""
+    packed = PackedWeight(_rand(96, 64, seed=2), None)
+    for m in (1, 4, 5, 128, 129):
+        x = _rand(m, 64, seed=m)
+        h = packed.silu_and_mul(x)
+        takes = packed.tiles is not None and amx_available() and 4 < m <= 128
+        assert (h is not None) == takes
+        if takes:
+            gu = packed(x).float()
+            _assert_bf16_close(h, F.silu(gu[:, :48]) * gu[:, 48:], ulps=4.0)
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -97,6 +97,10 @@ class LlamaMLP(nn.Module):
         self.native = self.is_silu and kernels.native_kernels_for(self.gate_up_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native and self.gate_up_proj.packed is not None:
+            h = self.gate_up_proj.packed.silu_and_mul(x)
+            if h is not None:
+                return self.down_proj(h)
         gate_up = self.gate_up_proj(x)
         if self.native and gate_up.dim() == 2:
             h = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
