@@ -9,6 +9,15 @@
 
 #include <cstdint>
 
+// GCC's _tile_loadd does not tell the compiler that it reads memory, so a buffer written just before it
+// may be stale or its stores elided (a stack buffer of queries was). Every tile load goes through this,
+// which adds a compiler barrier (no instruction).
+#define TILE_LOAD(tile, base, stride)       \
+  do {                                      \
+    __asm__ volatile("" ::: "memory");      \
+    _tile_loadd(tile, base, stride);        \
+  } while (0)
+
 namespace tokenmill_amx {
 
 // Linux hands out AMX state only to processes that ask for it (arch_prctl ARCH_REQ_XCOMP_PERM); a tile

@@ -108,15 +108,15 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint1
     const uint16_t* kt = kp + st * 4 * kTile;
     _tile_zero(2);
     _tile_zero(3);
-    _tile_loadd(0, qbuf, kD * 2);
-    _tile_loadd(1, kt, 64);
+    TILE_LOAD(0, qbuf, kD * 2);
+    TILE_LOAD(1, kt, 64);
     _tile_dpbf16ps(2, 0, 1);
-    _tile_loadd(1, kt + 2 * kTile, 64);
+    TILE_LOAD(1, kt + 2 * kTile, 64);
     _tile_dpbf16ps(3, 0, 1);
-    _tile_loadd(0, qbuf + 32, kD * 2);
-    _tile_loadd(1, kt + kTile, 64);
+    TILE_LOAD(0, qbuf + 32, kD * 2);
+    TILE_LOAD(1, kt + kTile, 64);
     _tile_dpbf16ps(2, 0, 1);
-    _tile_loadd(1, kt + 3 * kTile, 64);
+    TILE_LOAD(1, kt + 3 * kTile, 64);
     _tile_dpbf16ps(3, 0, 1);
     _tile_stored(2, s, kKeys * 4);
     _tile_stored(3, s + 16, kKeys * 4);
@@ -163,20 +163,20 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, const uint1
         if (grow[r] != 1.0f)
           for (int64_t x = 0; x < kD; x += 16)
             _mm512_store_ps(o + r * kD + x, _mm512_mul_ps(_mm512_load_ps(o + r * kD + x), _mm512_set1_ps(grow[r])));
-      _tile_loadd(4, o, kD * 4);
-      _tile_loadd(5, o + 16, kD * 4);
-      _tile_loadd(6, o + 32, kD * 4);
-      _tile_loadd(7, o + 48, kD * 4);
+      TILE_LOAD(4, o, kD * 4);
+      TILE_LOAD(5, o + 16, kD * 4);
+      TILE_LOAD(6, o + 32, kD * 4);
+      TILE_LOAD(7, o + 48, kD * 4);
     }
     const uint16_t* vt = vp + st * 4 * kTile;
-    _tile_loadd(0, p, kKeys * 2);
-    _tile_loadd(1, vt, 64);
+    TILE_LOAD(0, p, kKeys * 2);
+    TILE_LOAD(1, vt, 64);
     _tile_dpbf16ps(4, 0, 1);
-    _tile_loadd(1, vt + kTile, 64);
+    TILE_LOAD(1, vt + kTile, 64);
     _tile_dpbf16ps(5, 0, 1);
-    _tile_loadd(1, vt + 2 * kTile, 64);
+    TILE_LOAD(1, vt + 2 * kTile, 64);
     _tile_dpbf16ps(6, 0, 1);
-    _tile_loadd(1, vt + 3 * kTile, 64);
+    TILE_LOAD(1, vt + 3 * kTile, 64);
     _tile_dpbf16ps(7, 0, 1);
   }
   _tile_stored(4, o, kD * 4);

@@ -185,13 +185,13 @@ void gemm_range(const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k, const u
         _tile_zero(3);
         const char* a = reinterpret_cast<const char*>(xp + m0 * k);
         for (int64_t cb = 0; cb < kb; ++cb) {
-          _tile_loadd(4, a + cb * 64, lda);
-          _tile_loadd(5, a + kTileRows * lda + cb * 64, lda);
-          _tile_loadd(6, b0 + cb * kTileBytes, 64);
+          TILE_LOAD(4, a + cb * 64, lda);
+          TILE_LOAD(5, a + kTileRows * lda + cb * 64, lda);
+          TILE_LOAD(6, b0 + cb * kTileBytes, 64);
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(2, 5, 6);
           if (pair) {
-            _tile_loadd(7, b1 + cb * kTileBytes, 64);
+            TILE_LOAD(7, b1 + cb * kTileBytes, 64);
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(3, 5, 7);
           }
