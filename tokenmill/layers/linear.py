@@ -54,8 +54,10 @@ class PackedWeight:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up for a weight that stacks gate over up, computed in the AMX matmul's epilogue (the
-        [M, 2I] product is never written); None where these rows take another path."""
-        if self.tiles is None or not SKINNY_MAX_ROWS < x.shape[0] <= self.tile_max_rows or x.dim() != 2:
+        [M, 2I] product is never written); None where these rows take another path. Unlike the plain linear it
+        stays on AMX past AMX_MAX_ROWS: without the [M, 2I] round trip and the separate activation pass it beats
+        oneDNN + silu_and_mul there too (2,048 rows of SmolLM2: 4.2 vs 5.0 ms)."""
+        if self.tiles is None or not kernels.amx_available() or x.dim() != 2 or x.shape[0] <= SKINNY_MAX_ROWS:
             return None
         return torch.ops.tokenmill.amx_gemm(x, self.tiles, self.bias, self.out_features, True)
 
