@@ -47,8 +47,11 @@ class Sampler:
         self.default_generator = default_generator
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        """logits: [B, vocab] in the model's dtype; fp32 is made only when something needs more than argmax."""
-        if md.all_greedy and md.max_num_logprobs is None and not _has_constraints(md):
+        """logits: [B, vocab] in the model's dtype, the step's own (the greedy path writes min_tokens' -inf into
+        them); fp32 is made only when something needs more than an argmax."""
+        if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
+            if md.stop_token_mask:  # the one constraint that leaves greedy an argmax: -inf is exact in bf16
+                forbid_stop_tokens(logits, md.stop_token_mask)
             return SamplerOutput(greedy_tokens(logits))
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
@@ -71,8 +74,7 @@ class Sampler:
                     ids = torch.tensor(list(bias.keys()))
                     logits[row, ids] += torch.tensor(list(bias.values()))
         if md.stop_token_mask:
-            for row, ids in md.stop_token_mask:
-                logits[row, ids] = float("-inf")
+            forbid_stop_tokens(logits, md.stop_token_mask)
         if md.repetition_penalty is not None:
             logits = apply_penalties(logits, md)
         return logits
@@ -93,8 +95,12 @@ class Sampler:
         return (probs / q).max(dim=-1).indices
 
 
-def _has_constraints(md: SamplingMetadata) -> bool:
-    return md.logit_bias is not None or bool(md.stop_token_mask) or md.repetition_penalty is not None
+def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, list[int]]]) -> None:
+    """-inf at each (row, stop id) of the rows still under min_tokens, in one indexed write (a write per row
+    cost ~1 ms a step at 128 rows)."""
+    rows = [row for row, ids in stop_token_mask for _ in ids]
+    cols = [i for _, ids in stop_token_mask for i in ids]
+    logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
