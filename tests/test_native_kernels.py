@@ -132,6 +132,8 @@ def test_packed_weight_gated_wherever_amx_runs():
         if takes:
             gu = packed(x).float()
             _assert_bf16_close(h, F.silu(gu[:, :48]) * gu[:, 48:], ulps=4.0)
+    halves_not_whole_blocks = PackedWeight(_rand(48, 64, seed=2), None)  # tiles of 16, but halves of 24
+    assert halves_not_whole_blocks.silu_and_mul(_rand(8, 64)) is None
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

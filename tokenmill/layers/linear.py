@@ -30,8 +30,8 @@ def onednn_packing_helps(weight: torch.Tensor) -> bool:
 # Up to this many rows the native skinny matmul (a weight stream at 20-35 GB/s) beats oneDNN's blocked kernels.
 SKINNY_MAX_ROWS = 4
 # Up to this many rows the AMX tile matmul beats oneDNN's: 10-40% faster at 8-128 rows with the weights cold
-# in memory, as they are in a decode step (gate/up at 128 rows: 0.58-0.76 vs 0.67-0.94 ms), but not on
-# vocabulary-wide outputs (the lm head), where oneDNN's blocking wins from 128 rows on.
+# in memory, as they are in a decode step (gate/up at 128 rows, with silu_and_mul after both: 0.77 vs 0.87 ms),
+# but not on vocabulary-wide outputs (the lm head), where oneDNN's blocking wins from 128 rows on.
 AMX_MAX_ROWS = 128
 AMX_MAX_ROWS_WIDE = 96
 WIDE_OUTPUT = 16384
@@ -57,8 +57,9 @@ class PackedWeight:
         [M, 2I] product is never written); None where these rows take another path. Unlike the plain linear it
         stays on AMX past AMX_MAX_ROWS: without the [M, 2I] round trip and the separate activation pass it beats
         oneDNN + silu_and_mul there too (2,048 rows of SmolLM2: 4.2 vs 5.0 ms)."""
-        if self.tiles is None or not kernels.amx_available() or x.dim() != 2 or x.shape[0] <= SKINNY_MAX_ROWS:
-            return None
+        if (self.tiles is None or self.out_features % 32 or not kernels.amx_available() or x.dim() != 2
+                or x.shape[0] <= SKINNY_MAX_ROWS):
+            return None  # (gate and up must each be whole 16-output blocks)
         return torch.ops.tokenmill.amx_gemm(x, self.tiles, self.bias, self.out_features, True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
