@@ -49,17 +49,18 @@ class PackedWeight:
         tileable = self.out_features % 16 == 0 and in_features % 32 == 0
         self.tiles = (torch.ops.tokenmill.pack_tiles(weight.detach())
                       if tileable and kernels.native_kernels_for(weight) else None)
+        amx = self.tiles is not None and kernels.amx_available()
         amx_rows = AMX_MAX_ROWS if self.out_features < WIDE_OUTPUT else AMX_MAX_ROWS_WIDE
-        self.tile_max_rows = amx_rows if self.tiles is not None and kernels.amx_available() else SKINNY_MAX_ROWS
+        self.tile_max_rows = amx_rows if amx else SKINNY_MAX_ROWS
+        self.gated_on_amx = amx and self.out_features % 32 == 0  # gate and up each whole 16-output blocks
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up for a weight that stacks gate over up, computed in the AMX matmul's epilogue (the
         [M, 2I] product is never written); None where these rows take another path. Unlike the plain linear it
         stays on AMX past AMX_MAX_ROWS: without the [M, 2I] round trip and the separate activation pass it beats
         oneDNN + silu_and_mul there too (2,048 rows of SmolLM2: 4.2 vs 5.0 ms)."""
-        if (self.tiles is None or self.out_features % 32 or not kernels.amx_available() or x.dim() != 2
-                or x.shape[0] <= SKINNY_MAX_ROWS):
-            return None  # (gate and up must each be whole 16-output blocks)
+        if not self.gated_on_amx or x.dim() != 2 or x.shape[0] <= SKINNY_MAX_ROWS:
+            return None
         return torch.ops.tokenmill.amx_gemm(x, self.tiles, self.bias, self.out_features, True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -142,11 +142,7 @@ inline void store_gated_row(const float* g, const float* u, uint16_t* y, const f
   const __m512 bu = bias_u ? _mm512_loadu_ps(bias_u) : _mm512_setzero_ps();
   const __m512 gv = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(g), bg)));
   const __m512 uv = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(u), bu)));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 den = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-  __m512 inv = _mm512_rcp14_ps(den);
-  inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.0f)));
-  const __m256bh v = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_mul_ps(gv, inv), uv));
+  const __m256bh v = _mm512_cvtneps_pbh(_mm512_mul_ps(silu512(gv), uv));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)v);
 }
 

@@ -22,4 +22,13 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, fi);
 }
 
+// silu(x) = x / (1 + e^-x), with 1 / (1 + e^-x) by a reciprocal estimate and one Newton step (a full
+// division is ~4x slower here).
+inline __m512 silu512(__m512 x) {
+  const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+  __m512 inv = _mm512_rcp14_ps(den);
+  inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.0f)));
+  return _mm512_mul_ps(x, inv);
+}
+
 }  // namespace
