@@ -34,6 +34,13 @@ class EngineArgs:
     tokenizer: str | None = _arg(None, "Tokenizer folder, if it differs from the model's.")
     dtype: str = _arg("auto", "Weight and activation dtype: auto follows the config where the device runs it well.",
                       choices=["auto", "float32", "bfloat16", "float16"])
+    quantization: str | None = _arg(None, "Weight quantization: int8 (per output channel), int4 (groups of "
+                                          "--quantization-group-size, a scale and a minimum each), or gguf (a "
+                                          ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are). Default: none "
+                                          "(weights in --dtype; a .gguf file is dequantized).",
+                                    choices=["int8", "int4", "gguf"])
+    quantization_group_size: int = _arg(32, "Inputs per int4 group (32, 64 or 128; it must divide every layer's "
+                                            "input size).", choices=[32, 64, 128])
     seed: int = _arg(0, "Seed for sampling requests that have no seed of their own.")
     max_model_len: int | None = _arg(None, "Longest sequence (prompt + output). Default: the model's, capped by the "
                                            "KV cache.")
@@ -102,6 +109,8 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     eos_token_ids: tuple[int, ...]
+    quantization: str | None = None
+    quantization_group_size: int = 32
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -141,11 +150,17 @@ class EngineConfig:
     def log_summary(self) -> None:
         m, c, s = self.model_config, self.cache_config, self.scheduler_config
         kv_bytes = c.num_tokens * m.kv_bytes_per_token
-        logger.info("model %s (%s, %s), dtype %s, max_model_len %d", m.served_model_name, m.format, m.model,
-                    m.dtype, s.max_model_len)
+        logger.info("model %s (%s, %s), dtype %s, weights %s, max_model_len %d", m.served_model_name, m.format,
+                    m.model, m.dtype, _weights_label(m), s.max_model_len)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %s; maximum concurrency at %d tokens per "
                     "request: %.2fx", c.num_blocks, c.block_size, c.num_tokens, format_bytes(kv_bytes),
                     s.max_model_len, c.num_tokens / s.max_model_len)
+
+
+def _weights_label(m: ModelConfig) -> str:
+    if m.quantization == "int4":
+        return f"int4 (groups of {m.quantization_group_size})"
+    return m.quantization or "not quantized"
 
 
 def _size_cache(args: EngineArgs, m: ModelConfig) -> CacheConfig:

@@ -25,3 +25,9 @@ def native_kernels_for(t: torch.Tensor) -> bool:
 def amx_available() -> bool:
     """Whether the AMX matmul can run: kernels built with AMX, the CPU has it, and Linux grants its state."""
     return _fused_ops_built() and bool(torch.ops.tokenmill.amx_available())
+
+
+@functools.lru_cache(maxsize=1)
+def quant_kernels_available() -> bool:
+    """Whether the quantized matmuls (AVX-512) were built."""
+    return _fused_ops_built() and hasattr(torch.ops.tokenmill, "quant_skinny_gemm")

@@ -1,5 +1,6 @@
-"""Linear layers whose parameters carry a `weight_loader`: the seam where fused shards (and later
-tensor-parallel slicing and quantization) hook into weight loading."""
+"""Linear layers whose parameters carry a `weight_loader`: the seam where fused shards, quantized tensors (and
+later tensor-parallel slicing) hook into weight loading. Each layer's `quant_method` turns the loaded weight
+into the kernel its forward calls."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import tokenmill.kernels as kernels
+from tokenmill.layers.quant.kernel import QuantLinearKernel
+from tokenmill.layers.quant.methods import UnquantizedMethod
+from tokenmill.layers.quant.tensor import QuantizedWeight, concat_rows
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor | QuantizedWeight) -> None:
+    if isinstance(loaded, QuantizedWeight):
+        loaded = loaded.dequantize()
     if param.shape != loaded.shape:
         raise ValueError(f"weight shape {tuple(loaded.shape)} does not match the parameter's {tuple(param.shape)}")
     param.data.copy_(loaded)
@@ -46,6 +52,7 @@ class PackedWeight:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         self.bias = bias.detach() if bias is not None else None
         self.out_features, in_features = weight.shape
+        self.nbytes = weight.numel() * weight.element_size()  # what one pass streams (either layout)
         tileable = self.out_features % 16 == 0 and in_features % 32 == 0
         self.tiles = (torch.ops.tokenmill.pack_tiles(weight.detach())
                       if tileable and kernels.native_kernels_for(weight) else None)
@@ -77,17 +84,47 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = _param(out_features, in_features)
+        self.weight.weight_loader = self._load_weight
         self.bias = _param(out_features) if bias else None
-        self.packed: PackedWeight | None = None
+        self.quant_method = UnquantizedMethod()   # the loader attaches the engine's method
+        self.layer_name = type(self).__name__
+        self.quantized: dict[int, QuantizedWeight] = {}   # shard -> tensor a GGUF file holds in blocks
+        self.kernel = None
+
+    def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor | QuantizedWeight, shard: int = 0) -> None:
+        if isinstance(loaded, QuantizedWeight):
+            self._check_shard_shape(loaded.shape, shard)
+            self.quantized[shard] = loaded
+        else:
+            self._copy_shard(param, loaded, shard)
+
+    def _check_shard_shape(self, shape: tuple[int, ...], shard: int) -> None:
+        if tuple(shape) != tuple(self.weight.shape):
+            raise ValueError(f"weight shape {tuple(shape)} does not match the parameter's {tuple(self.weight.shape)}")
+
+    def _copy_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
+        default_weight_loader(param, loaded)
+
+    def _num_shards(self) -> int:
+        return 1
+
+    def _quantized_weight(self) -> QuantizedWeight | None:
+        if not self.quantized:
+            return None
+        if len(self.quantized) != self._num_shards():
+            raise ValueError(f"{self.layer_name}: some projections are quantized blocks and some are floats")
+        return concat_rows([self.quantized[i] for i in range(self._num_shards())])
 
     def process_weights_after_loading(self) -> None:
-        """Called once the checkpoint is in: the place for layout changes (and, later, quantization)."""
-        if onednn_packing_helps(self.weight):
-            self.packed = PackedWeight(self.weight, self.bias)
+        """Called once the checkpoint is in: the quant method makes the kernel (a packed or quantized copy)."""
+        self.kernel = self.quant_method.make_kernel(self.layer_name, self.weight, self.bias, self._quantized_weight())
+        self.quantized = {}
+        if isinstance(self.kernel, QuantLinearKernel):  # the float weight is no longer read
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return self.packed(x)
+        if self.kernel is not None:
+            return self.kernel(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -98,11 +135,18 @@ class MergedLinear(Linear):
         super().__init__(in_features, sum(out_sizes), bias)
         self.out_sizes = out_sizes
         self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
-        for p in (self.weight, self.bias):
-            if p is not None:
-                p.weight_loader = self._load_shard
+        if self.bias is not None:
+            self.bias.weight_loader = self._copy_shard
 
-    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
+    def _num_shards(self) -> int:
+        return len(self.out_sizes)
+
+    def _check_shard_shape(self, shape: tuple[int, ...], shard: int) -> None:
+        if shape[0] != self.out_sizes[shard] or tuple(shape[1:]) != tuple(self.weight.shape[1:]):
+            raise ValueError(f"shard {shard}: weight shape {tuple(shape)} does not fit rows {self.out_sizes[shard]} "
+                             f"of {tuple(self.weight.shape)}")
+
+    def _copy_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
         start, size = self.offsets[shard], self.out_sizes[shard]
         if loaded.shape[0] != size or loaded.shape[1:] != param.shape[1:]:
             raise ValueError(f"shard {shard}: weight shape {tuple(loaded.shape)} does not fit rows {size} of "
@@ -117,6 +161,13 @@ class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, dim: int):
         super().__init__()
         self.weight = _param(num_embeddings, dim)
+        self.weight.weight_loader = self._load_weight
+        self.quantized: QuantizedWeight | None = None  # kept for a tied lm head when the file holds blocks
+
+    def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor | QuantizedWeight) -> None:
+        if isinstance(loaded, QuantizedWeight):
+            self.quantized = loaded
+        default_weight_loader(param, loaded)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)

@@ -100,9 +100,13 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor, dequantized with the gguf package."""
+def iter_gguf_weights(path: str, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
+    """Yield (HF name, float32 tensor) for every tensor, dequantized with the gguf package; with
+    keep_quantized, 2-D tensors in Q8_0 / Q4_0 / Q4_1 blocks come as QuantizedWeight instead (and other block
+    types fail: they have no kernel)."""
     from gguf.quants import dequantize
+
+    from tokenmill.model.gguf_blocks import KEPT_TYPES, read_blocks
 
     r = _reader(path)
     arch = gguf_architecture(path)
@@ -110,8 +114,21 @@ def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]
         name = _hf_name(t.name)
         if name is None:
             continue
-        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
+        heads = None
         if arch in _PERMUTED_QK and (".q_proj." in name or ".k_proj." in name):
             heads = hf_config.num_attention_heads if ".q_proj." in name else hf_config.num_key_value_heads
+        kind = t.tensor_type.name
+        if keep_quantized and kind not in ("F32", "F16", "BF16") and len(t.shape) == 2:
+            if kind not in KEPT_TYPES:
+                raise ValueError(f"--quantization gguf: tensor {t.name} is {kind}, which has no kernel; supported "
+                                 f"block types: {', '.join(KEPT_TYPES)} (without --quantization it loads "
+                                 "dequantized)")
+            qw = read_blocks(t.data, kind, (int(t.shape[1]), int(t.shape[0])))
+            if heads is not None:
+                qw = qw.rows(torch.from_numpy(_unpermute(np.arange(qw.shape[0]), heads)))
+            yield name, qw
+            continue
+        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
+        if heads is not None:
             w = _unpermute(w, heads)
         yield name, torch.from_numpy(np.ascontiguousarray(w))

@@ -14,7 +14,8 @@ from torch import nn
 import tokenmill.kernels as kernels
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.layers.attention import PagedAttention
-from tokenmill.layers.linear import Embedding, Linear, MergedLinear, PackedWeight, RMSNorm, onednn_packing_helps
+from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
+from tokenmill.layers.quant import UnquantizedMethod
 from tokenmill.layers.rotary import RotaryEmbedding, rope_parameters
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -97,8 +98,8 @@ class LlamaMLP(nn.Module):
         self.native = self.is_silu and kernels.native_kernels_for(self.gate_up_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and self.gate_up_proj.packed is not None:
-            h = self.gate_up_proj.packed.silu_and_mul(x)
+        if self.native and hasattr(self.gate_up_proj.kernel, "silu_and_mul"):
+            h = self.gate_up_proj.kernel.silu_and_mul(x)
             if h is not None:
                 return self.down_proj(h)
         gate_up = self.gate_up_proj(x)
@@ -156,23 +157,35 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg, backend, max_positions)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
-        self.packed_lm_head: PackedWeight | None = None
+        self.lm_head_method = UnquantizedMethod()  # the loader attaches the engine's choice for the head
+        self.logits_head = None
 
     def process_weights_after_loading(self) -> None:
         for module in self.modules():
             if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
-        if onednn_packing_helps(self.lm_head.weight):  # a tied head gets its own packed copy
-            self.packed_lm_head = PackedWeight(self.lm_head.weight, None)
+        if self.tied:  # the head gets its own copy of the embedding, packed or quantized
+            self.logits_head = self.lm_head_method.make_kernel("lm_head", self.lm_head.weight, None,
+                                                               self.lm_head.quantized)
+            self.lm_head.quantized = None
+        else:
+            self.logits_head = self.lm_head.kernel
+
+    def attach_quant_method(self, method) -> None:
+        """Every linear layer takes `method`; the lm head takes the method's choice for heads."""
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                module.quant_method, module.layer_name = method, name
+        self.lm_head_method = method.lm_head()
+        if not self.tied:
+            self.lm_head.quant_method = self.lm_head_method
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, md)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype: the sampler makes fp32 only when it needs more than an argmax."""
-        if self.packed_lm_head is not None:
-            return self.packed_lm_head(hidden)
-        return F.linear(hidden, self.lm_head.weight)
+        return self.logits_head(hidden)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -191,7 +204,8 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
             param = params[name]
-            tensor = tensor.to(param.dtype)
+            if isinstance(tensor, torch.Tensor):  # (a QuantizedWeight goes to the layer as it is)
+                tensor = tensor.to(param.dtype)
             if shard is None:
                 param.weight_loader(param, tensor)
             else:

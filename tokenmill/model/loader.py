@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenmill.model.source import resolve_model
-from tokenmill.utils import init_logger
+from tokenmill.utils import format_bytes, init_logger
 
 if TYPE_CHECKING:
     from tokenmill.config import EngineArgs, ModelConfig
@@ -74,6 +74,9 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
     source = resolve_model(args.model)
     hf_config = load_hf_config(source.path, source.format)
     model_class(hf_config)  # unknown architectures fail here, before anything heavy
+    from tokenmill.layers.quant import get_quant_method
+
+    get_quant_method(args.quantization, args.quantization_group_size, source.format)  # bad flags fail here too
     tokenizer = args.tokenizer or source.path
     if args.tokenizer and not os.path.exists(args.tokenizer):
         raise ValueError(f"tokenizer path {args.tokenizer!r} does not exist")
@@ -83,7 +86,8 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         served_model_name=args.served_model_name or source.name,
         max_model_len=_model_max_len(hf_config),
         num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
-        head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config))
+        head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
+        quantization=args.quantization, quantization_group_size=args.quantization_group_size)
 
 
 def _model_max_len(hf_config) -> int:
@@ -122,6 +126,7 @@ def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(model_config: ModelConfig, backend, device: str, max_positions: int) -> torch.nn.Module:
+    from tokenmill.layers.quant import get_quant_method
     from tokenmill.model.registry import model_class
 
     t0 = time.perf_counter()
@@ -134,17 +139,30 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
             model = cls(model_config.hf_config, backend, max_positions)
     finally:
         torch.set_default_dtype(prev)
+    model.attach_quant_method(get_quant_method(model_config.quantization, model_config.quantization_group_size,
+                                               model_config.format))
     if model_config.format == "gguf":
         from tokenmill.model.gguf_file import iter_gguf_weights
 
-        weights = iter_gguf_weights(model_config.model, model_config.hf_config)
+        weights = iter_gguf_weights(model_config.model, model_config.hf_config,
+                                    keep_quantized=model_config.quantization == "gguf")
     else:
         weights = iter_safetensors(model_config.model)
     with torch.no_grad():
         model.load_weights(weights)
         model.process_weights_after_loading()
     model.eval()
-    n = sum(p.numel() for p in model.parameters())
-    logger.info("loaded %s: %.1f M parameters in %s on %s in %.1f s", type(model).__name__, n / 1e6,
-                model_config.dtype, device, time.perf_counter() - t0)
+    logger.info("loaded %s in %s%s on %s in %.1f s: %s of linear weights", type(model).__name__, model_config.dtype,
+                f", weights {model_config.quantization}" if model_config.quantization else "", device,
+                time.perf_counter() - t0, format_bytes(linear_weight_bytes(model)))
     return model
+
+
+def linear_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes one decode step's matmuls read, the lm head included (the kernels' copies: packed or quantized)."""
+    from tokenmill.layers.linear import Linear
+
+    kernels = [m.kernel for m in model.modules() if isinstance(m, Linear)]
+    if getattr(model, "tied", False):
+        kernels.append(model.logits_head)
+    return sum(getattr(k, "nbytes", 0) for k in kernels)

@@ -1,0 +1,88 @@
+"""The matmul of a quantized linear layer: the packed weight and the path each batch size takes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import tokenmill.kernels as kernels
+from tokenmill.layers.quant.tensor import QuantizedWeight
+
+SKINNY_MAX_ROWS = 4
+# Larger batches dequantize up to this many bf16 bytes of w^T at a time (an lm head goes in several pieces),
+# so the buffer oneDNN reads stays in the shared cache.
+DEQUANT_CHUNK_BYTES = 8 << 20
+_BLOCK = 16
+
+
+def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """q, scale, min in the kernels' layout (see quant_gemm.cpp): per block of 16 outputs, k-major."""
+    n, k = qw.q.shape
+    blocks = n // _BLOCK
+    q = qw.q.view(blocks, _BLOCK, k)
+    if qw.bits == 4:
+        u = q.to(torch.uint8)
+        q = u[:, :, 0::2] | (u[:, :, 1::2] << 4)
+    q = q.transpose(1, 2).contiguous().view(torch.uint8).flatten()
+
+    def groups(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return t.to(torch.float16).view(blocks, _BLOCK, -1).transpose(1, 2).contiguous()
+
+    return q, groups(qw.scale), groups(qw.min)
+
+
+class QuantLinearKernel:
+    """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): 1-4 rows on the
+    skinny kernel that streams the packed bytes; more rows dequantize w^T a cache-sized piece at a time for
+    oneDNN's bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is kept dequantized in the
+    model dtype and F.linear runs: the reference path."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.out_features, self.in_features = qw.q.shape
+        self.bits, self.group = qw.bits, qw.group
+        self.bias = bias.detach().to(dtype) if bias is not None else None
+        self.native = (dtype == torch.bfloat16 and self.out_features % _BLOCK == 0 and qw.group % 32 == 0
+                       and kernels.quant_kernels_available())
+        if self.native:
+            self.q, self.scale, self.min = pack_for_kernels(qw)
+            self.weight = None
+            rows = max(_BLOCK, DEQUANT_CHUNK_BYTES // (2 * self.in_features) // _BLOCK * _BLOCK)
+            blocks = self.out_features // _BLOCK
+            step = rows // _BLOCK
+            self.chunks = [(b, min(b + step, blocks)) for b in range(0, blocks, step)]
+        else:
+            self.weight = qw.dequantize().to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        if not self.native:
+            return self.weight.numel() * self.weight.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min) if t is not None)
+
+    def silu_and_mul(self, x: torch.Tensor) -> None:
+        """No fused gated path for quantized weights: the MLP runs the matmul, then silu_and_mul."""
+        return None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.native:
+            return F.linear(x, self.weight, self.bias)
+        if x.dim() != 2:
+            return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        if x.shape[0] <= SKINNY_MAX_ROWS:
+            return torch.ops.tokenmill.quant_skinny_gemm(x, self.q, self.scale, self.min, self.bias, self.bits,
+                                                         self.group, self.out_features)
+        return self._dequantized_matmul(x)
+
+    def _dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        parts = []
+        for b0, b1 in self.chunks:
+            w_t = torch.ops.tokenmill.quant_dequantize_t(self.q, self.scale, self.min, self.bits, self.group,
+                                                          self.out_features, self.in_features, b0, b1)
+            if self.bias is None:
+                parts.append(torch.mm(x, w_t))
+            else:
+                parts.append(torch.addmm(self.bias[b0 * _BLOCK: b1 * _BLOCK], x, w_t))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -1,0 +1,116 @@
+"""Quantization methods: each turns a linear layer's loaded weight into the kernel its forward calls.
+
+The model file never branches on the method: the loader attaches one to every `Linear` (and picks the lm
+head's), and `Linear.process_weights_after_loading` asks it for a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tokenmill.layers.quant.kernel import QuantLinearKernel
+from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
+
+QUANTIZATION_METHODS = ("int8", "int4", "gguf")
+GROUP_SIZES = (32, 64, 128)
+
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+
+
+class PlainLinear:
+    """F.linear on the weight as loaded: fp32 (transformers' exact operations) or where nothing is faster."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.nbytes = weight.numel() * weight.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class UnquantizedMethod:
+    """The weight as loaded, in the model dtype (oneDNN-packed, and in the AMX tile layout, where that helps)."""
+
+    name = "none"
+
+    def make_kernel(self, layer_name: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                    quantized: QuantizedWeight | None) -> Kernel:
+        from tokenmill.layers.linear import PackedWeight, onednn_packing_helps
+
+        if quantized is not None:  # a GGUF block tensor loaded without --quantization gguf: never here
+            raise ValueError(f"{layer_name}: a quantized tensor reached an unquantized layer")
+        if onednn_packing_helps(weight):
+            return PackedWeight(weight, bias)
+        return PlainLinear(weight, bias)
+
+    def lm_head(self) -> UnquantizedMethod:
+        return self
+
+
+class Int8Method(UnquantizedMethod):
+    """Weight-only int8, one symmetric scale per output channel, quantized at load."""
+
+    name = "int8"
+
+    def make_kernel(self, layer_name, weight, bias, quantized):
+        qw = quantized if quantized is not None else quantize_int8(weight)
+        return QuantLinearKernel(qw, bias, weight.dtype)
+
+    def lm_head(self) -> Int8Method:
+        return self
+
+
+class Int4Method(UnquantizedMethod):
+    """Weight-only int4 in groups with a scale and a minimum each, quantized at load. Its lm head is int8: the
+    vocabulary projection is the layer most sensitive to rounding, and int8 still halves its bytes."""
+
+    name = "int4"
+
+    def __init__(self, group_size: int):
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"quantization_group_size must be one of {', '.join(map(str, GROUP_SIZES))}; "
+                             f"got {group_size}")
+        self.group_size = group_size
+
+    def make_kernel(self, layer_name, weight, bias, quantized):
+        k = weight.shape[1]
+        if k % self.group_size:
+            raise ValueError(f"--quantization-group-size {self.group_size} does not divide the input size {k} of "
+                             f"{layer_name}; use a group size that divides every layer's input (32, 64 or 128)")
+        qw = quantized if quantized is not None else quantize_int4(weight, self.group_size)
+        return QuantLinearKernel(qw, bias, weight.dtype)
+
+    def lm_head(self) -> Int8Method:
+        return Int8Method()
+
+
+class GGUFMethod(UnquantizedMethod):
+    """GGUF's Q8_0, Q4_0 and Q4_1 blocks run as they are in the file (value for value); tensors the file holds
+    as floats stay unquantized."""
+
+    name = "gguf"
+
+    def make_kernel(self, layer_name, weight, bias, quantized):
+        if quantized is None:
+            return super().make_kernel(layer_name, weight, bias, None)
+        return QuantLinearKernel(quantized, bias, weight.dtype)
+
+    def lm_head(self) -> GGUFMethod:
+        return self
+
+
+def get_quant_method(name: str | None, group_size: int = 32, model_format: str = "hf") -> UnquantizedMethod:
+    """The method for `--quantization`; unknown names and formats it cannot read fail here, naming the flag."""
+    if name is None or name == "none":
+        return UnquantizedMethod()
+    if name == "int8":
+        return Int8Method()
+    if name == "int4":
+        return Int4Method(group_size)
+    if name == "gguf":
+        if model_format != "gguf":
+            raise ValueError("--quantization gguf needs a .gguf model; for a safetensors model use int8 or int4")
+        return GGUFMethod()
+    raise ValueError(f"--quantization {name!r} is not supported; choose one of {', '.join(QUANTIZATION_METHODS)}")
