@@ -29,5 +29,5 @@ def amx_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def quant_kernels_available() -> bool:
-    """Whether the quantized matmuls (AVX-512) were built."""
-    return _fused_ops_built() and hasattr(torch.ops.tokenmill, "quant_skinny_gemm")
+    """Whether the quantized matmuls (AVX-512 VNNI) were built."""
+    return _fused_ops_built() and hasattr(torch.ops.tokenmill, "quant_gemm")

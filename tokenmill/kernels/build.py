@@ -22,6 +22,14 @@ _HEADERS = sorted(_CSRC.glob("*.h"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+
+
 def _build_dir() -> Path:
     import torch
 
@@ -29,6 +37,7 @@ def _build_dir() -> Path:
     for src in _SOURCES + _HEADERS:
         key.update(src.name.encode() + src.read_bytes())
     key.update(" ".join(_FLAGS).encode() + torch.__version__.encode())
+    key.update(_cpu_flags().encode())  # -march=native: a build is only good for the CPU it was made on
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "ext"
     path = root / key.hexdigest()[:16]
     path.mkdir(parents=True, exist_ok=True)

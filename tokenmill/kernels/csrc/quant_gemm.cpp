@@ -1,23 +1,30 @@
 // Weight-only quantized linear layers: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b, with w kept in 8 or 4 bits.
 //
 // One layout serves int8 (per channel), int4 (groups with a scale and a minimum) and GGUF's Q8_0 / Q4_0 / Q4_1
-// blocks (repacked once at load, value for value): for each block of 16 outputs, k-major, so 16 outputs of one k
-// are adjacent and a load advances 16 outputs at once with no horizontal sums (like the bf16 tile layout):
-//   8 bits: q [N/16, K, 16] int8, w = scale * q
-//   4 bits: q [N/16, K/2, 16] bytes, k even in the low nibble and k odd in the high one, w = scale * q + min
+// blocks (repacked once at load, value for value). It is the layout of AVX-512 VNNI's `vpdpbusd` (unsigned
+// bytes x signed bytes, 4 products summed per 32-bit lane): per block of 16 outputs, 64-byte units of
+// 16 outputs x 4 consecutive k, so one instruction advances 16 outputs by 4 inputs with no horizontal sums.
+//   8 bits: q [N/16, K/4, 16, 4] as unsigned bytes q + 128, w = scale * q
+//   4 bits: q [N/16, K/8, 16, 4] bytes, k 8u..8u+3 in the low nibbles and 8u+4..8u+7 in the high ones,
+//           w = scale * q + min
 //   scale, min: [N/16, K/G, 16] fp16, one per group of G inputs of each output (G = K for per-channel int8).
 // Two kernels read it:
-//  - skinny (1-4 rows): dequantizes in registers (bytes -> int32 -> fp32) and accumulates q * x in fp32 per
-//    group, then applies the group's scale (and min * the group's sum of x) once per group. The decode step of
-//    one stream becomes a stream of 1 or 0.56 bytes a weight instead of 2.
+//  - skinny (1-4 rows): the rows are quantized to int8 per 32 inputs (a scale each, as llama.cpp does for its
+//    dot products), each 32-input block is summed exactly in int32 with vpdpbusd, then scaled in fp32; the min
+//    term is min * the group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum
+//    of x. A decode step of one stream becomes a stream of ~1 or ~0.56 bytes a weight instead of 2, with
+//    ~4x fewer instructions than converting each weight to fp32.
 //  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches, whose matmul is bound by
-//    compute, the layer's weights are dequantized into a buffer that stays in cache and oneDNN multiplies.
+//    compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN multiplies.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -57,118 +64,169 @@ inline __m512 load_half16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The 16 outputs' weights of inputs kk and kk + 1 (as integers in fp32) of block b.
-template <int BITS>
-inline void load_pair(const QuantView& w, int64_t b, int64_t kk, __m512& w0, __m512& w1) {
-  if constexpr (BITS == 8) {
-    const auto* p = reinterpret_cast<const __m128i*>(w.q + b * w.block_bytes() + kk * kBlockN);
-    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
-    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p + 1)));
-  } else {
-    const auto* p = reinterpret_cast<const __m128i*>(w.q + b * w.block_bytes() + (kk / 2) * kBlockN);
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(p));
-    w0 = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)));
-    w1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-  }
+// The rows of x quantized for the dot products: int8 per 32 inputs with a scale, the int sum of each block
+// (for the +128 of 8-bit weights) and the float sum of each weight group (for the 4-bit minimum).
+struct QuantRows {
+  std::vector<int8_t> q;       // [M, K]
+  std::vector<float> scale;    // [M, K/32]
+  std::vector<int32_t> qsum;   // [M, K/32]
+  std::vector<float> gsum;     // [M, K/G]
+};
+
+QuantRows quantize_rows(const float* x, int64_t m, int64_t k, int64_t group) {
+  const int64_t nb = k / 32;
+  QuantRows r{std::vector<int8_t>(m * k), std::vector<float>(m * nb), std::vector<int32_t>(m * nb),
+              std::vector<float>(m * k / group, 0.0f)};
+  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + i * k + b * 32;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        // round half to even, as torch.round does
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + i * k + b * 32), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + i * k + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+        r.scale[i * nb + b] = amax / 127.0f;
+        r.qsum[i * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        r.gsum[i * (k / group) + b * 32 / group] += _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+      }
+  });
+  return r;
 }
 
-// Rows [0, M) x output blocks [b0, b1), J blocks at a time; each (block, row) has two chains (k even, k odd).
+inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+
+inline void store_bf16(uint16_t* y, __m512 v) {  // round to nearest even
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(u));
+#endif
+}
+
+#if defined(__AVX512VNNI__)
+
+// Rows [0, M) x output blocks [b0, b1), J blocks at a time.
+// Rows [r0, r0 + M) x output blocks [b, b + J).
 template <int M, int J, int BITS>
-void skinny_blocks(const QuantView& w, const float* x, const float* xsum, const float* bias, uint16_t* y,
-                   int64_t b0, int64_t b1) {
-  const int64_t k = w.k, ng = w.groups();
-  for (int64_t b = b0; b + J <= b1; b += J) {
+void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y, int64_t b) {
+  const int64_t k = w.k, ng = w.groups(), nb32 = k / 32, per_group = w.group / 32;
+  {
     __m512 acc[J][M];
     for (int j = 0; j < J; ++j)
       for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-      __m512 even[J][M], odd[J][M];
+      __m512 gacc[J][M];
       for (int j = 0; j < J; ++j)
-        for (int m = 0; m < M; ++m) even[j][m] = odd[j][m] = _mm512_setzero_ps();
-      for (int64_t kk = g * w.group; kk < (g + 1) * w.group; kk += 2) {
-        __m512 x0[M], x1[M];
+        for (int m = 0; m < M; ++m) gacc[j][m] = _mm512_setzero_ps();
+      for (int64_t blk = g * per_group; blk < (g + 1) * per_group; ++blk) {
+        __m512i ia[J][M];
+        const int32_t* xq[M];
         for (int m = 0; m < M; ++m) {
-          x0[m] = _mm512_set1_ps(x[m * k + kk]);
-          x1[m] = _mm512_set1_ps(x[m * k + kk + 1]);
+          xq[m] = reinterpret_cast<const int32_t*>(a.q.data() + (r0 + m) * k + blk * 32);
+          const __m512i init = BITS == 8 ? _mm512_set1_epi32(-128 * a.qsum[(r0 + m) * nb32 + blk])
+                                         : _mm512_setzero_si512();
+          for (int j = 0; j < J; ++j) ia[j][m] = init;
         }
-        for (int j = 0; j < J; ++j) {
-          __m512 w0, w1;
-          load_pair<BITS>(w, b + j, kk, w0, w1);
-          for (int m = 0; m < M; ++m) {
-            even[j][m] = _mm512_fmadd_ps(w0, x0[m], even[j][m]);
-            odd[j][m] = _mm512_fmadd_ps(w1, x1[m], odd[j][m]);
-          }
+        if constexpr (BITS == 8) {
+          for (int s = 0; s < 8; ++s)
+            for (int j = 0; j < J; ++j) {
+              const __m512i wv = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 8 + s) * 64);
+              for (int m = 0; m < M; ++m) ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], wv, _mm512_set1_epi32(xq[m][s]));
+            }
+        } else {
+          for (int s = 0; s < 8; s += 2)
+            for (int j = 0; j < J; ++j) {
+              const __m512i v = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 4 + s / 2) * 64);
+              const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
+              for (int m = 0; m < M; ++m) {
+                ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], lo, _mm512_set1_epi32(xq[m][s]));
+                ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], hi, _mm512_set1_epi32(xq[m][s + 1]));
+              }
+            }
+        }
+        for (int m = 0; m < M; ++m) {
+          const __m512 xs = _mm512_set1_ps(a.scale[(r0 + m) * nb32 + blk]);
+          for (int j = 0; j < J; ++j) gacc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[j][m]), xs, gacc[j][m]);
         }
       }
       for (int j = 0; j < J; ++j) {
         const int64_t at = ((b + j) * ng + g) * kBlockN;
-        const __m512 s = load_half16(w.scale + at);
-        for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(_mm512_add_ps(even[j][m], odd[j][m]), s, acc[j][m]);
+        const __m512 sc = load_half16(w.scale + at);
+        for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(gacc[j][m], sc, acc[j][m]);
         if constexpr (BITS == 4) {
           const __m512 mn = load_half16(w.min + at);
-          for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * ng + g]), acc[j][m]);
+          for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.gsum[(r0 + m) * ng + g]), acc[j][m]);
         }
       }
     }
     for (int j = 0; j < J; ++j) {
       const __m512 bv = bias ? _mm512_loadu_ps(bias + (b + j) * kBlockN) : _mm512_setzero_ps();
-      for (int m = 0; m < M; ++m) {
-        const __m512 v = _mm512_add_ps(acc[j][m], bv);
-        // round to nearest even into bf16
-        __m512i u = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * w.n + (b + j) * kBlockN), _mm512_cvtepi32_epi16(u));
-      }
+      for (int m = 0; m < M; ++m) store_bf16(y + (r0 + m) * w.n + (b + j) * kBlockN, _mm512_add_ps(acc[j][m], bv));
     }
   }
 }
 
-template <int M, int BITS>
-void skinny_range(const QuantView& w, const float* x, const float* xsum, const float* bias, uint16_t* y,
-                  int64_t b0, int64_t b1) {
-  constexpr int J = M <= 2 ? 4 : 2;
-  const int64_t whole = b0 + (b1 - b0) / J * J;
-  skinny_blocks<M, J, BITS>(w, x, xsum, bias, y, b0, whole);
-  skinny_blocks<M, 1, BITS>(w, x, xsum, bias, y, whole, b1);
-}
-
-template <int BITS>
-void skinny_dispatch(int64_t m, const QuantView& w, const float* x, const float* xsum, const float* bias, uint16_t* y,
-                     int64_t b0, int64_t b1) {
-  switch (m) {
-    case 1: skinny_range<1, BITS>(w, x, xsum, bias, y, b0, b1); break;
-    case 2: skinny_range<2, BITS>(w, x, xsum, bias, y, b0, b1); break;
-    case 3: skinny_range<3, BITS>(w, x, xsum, bias, y, b0, b1); break;
-    default: skinny_range<4, BITS>(w, x, xsum, bias, y, b0, b1); break;
+template <int J, int BITS>
+void tile_rows(int64_t rows, const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y,
+               int64_t b) {
+  switch (rows) {
+    case 1: tile<1, J, BITS>(w, a, r0, bias, y, b); break;
+    case 2: tile<2, J, BITS>(w, a, r0, bias, y, b); break;
+    case 3: tile<3, J, BITS>(w, a, r0, bias, y, b); break;
+    default: tile<4, J, BITS>(w, a, r0, bias, y, b); break;
   }
 }
 
-at::Tensor quant_skinny_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+// Output blocks [b0, b1) for all m rows: J blocks' weights (a few KB) stay in L1 while every 4-row tile of x
+// (from L2) passes over them, so the weights are read from memory once per call whatever the batch.
+template <int BITS>
+void gemm_range(int64_t m, const QuantView& w, const QuantRows& a, const float* bias, uint16_t* y, int64_t b0,
+                int64_t b1) {
+  constexpr int kRows = 4;
+  const int64_t j_rows = m <= 2 ? 4 : 2;  // more blocks at once where fewer rows share each weight load
+  int64_t b = b0;
+  for (; b + j_rows <= b1; b += j_rows)
+    for (int64_t r = 0; r < m; r += kRows) {
+      if (j_rows == 4) tile_rows<4, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
+      else tile_rows<2, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
+    }
+  for (; b < b1; ++b)
+    for (int64_t r = 0; r < m; r += kRows) tile_rows<1, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
+}
+
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                              const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                              int64_t group, int64_t n) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "quant_skinny_gemm: x must be bf16 [M, K]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "quant_gemm: x must be bf16 [M, K]");
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(m >= 1 && m <= 4, "quant_skinny_gemm: 1 to 4 rows");
+  TORCH_CHECK(m >= 1, "quant_gemm: no rows");
   const QuantView w = view_of(q, scale, min, bits, group, n, k);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const at::Tensor xsum = xf.view({m, k / group, group}).sum(-1).contiguous();
+  const QuantRows rows = quantize_rows(xf.data_ptr<float>(), m, k, group);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "quant_skinny_gemm: bias must be [N]");
+    TORCH_CHECK(bias->numel() == n, "quant_gemm: bias must be [N]");
     bf = bias->to(at::kFloat).contiguous();
   }
   auto y = at::empty({m, n}, x.options());
-  const float* xp = xf.data_ptr<float>();
-  const float* sp = xsum.data_ptr<float>();
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   at::parallel_for(0, n / kBlockN, 4, [&](int64_t b0, int64_t b1) {
-    if (bits == 8) skinny_dispatch<8>(m, w, xp, sp, bp, yp, b0, b1);
-    else skinny_dispatch<4>(m, w, xp, sp, bp, yp, b0, b1);
+    if (bits == 8) gemm_range<8>(m, w, rows, bp, yp, b0, b1);
+    else gemm_range<4>(m, w, rows, bp, yp, b0, b1);
   });
   return y;
 }
+
+#endif  // __AVX512VNNI__
 
 // Output blocks [b0, b1) dequantized to w^T: [K, (b1 - b0) * 16] bf16, ready for x @ w^T.
 at::Tensor quant_dequantize_t(const at::Tensor& q, const at::Tensor& scale, const c10::optional<at::Tensor>& min,
@@ -184,21 +242,25 @@ at::Tensor quant_dequantize_t(const at::Tensor& q, const at::Tensor& scale, cons
       for (int64_t g = 0; g < ng; ++g) {
         const int64_t at = (b * ng + g) * kBlockN;
         const __m512 s = load_half16(w.scale + at);
-        const __m512 mn = bits == 4 ? load_half16(w.min + at) : _mm512_setzero_ps();
-        for (int64_t kk = g * group; kk < (g + 1) * group; kk += 2) {
-          __m512 w0, w1;
-          if (bits == 8) load_pair<8>(w, b, kk, w0, w1);
-          else load_pair<4>(w, b, kk, w0, w1);
-          const __m512 v0 = _mm512_fmadd_ps(w0, s, mn), v1 = _mm512_fmadd_ps(w1, s, mn);
-          // both rounded to nearest even, as torch's fp32 -> bf16 conversion rounds
-          const __m512i r0 = _mm512_castps_si512(v0), r1 = _mm512_castps_si512(v1);
-          const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
-          const __m512i u0 = _mm512_srli_epi32(
-              _mm512_add_epi32(r0, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(r0, 16), one), half)), 16);
-          const __m512i u1 = _mm512_srli_epi32(
-              _mm512_add_epi32(r1, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(r1, 16), one), half)), 16);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(col + kk * cols), _mm512_cvtepi32_epi16(u0));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(col + (kk + 1) * cols), _mm512_cvtepi32_epi16(u1));
+        // 8-bit values are stored as q + 128: w = s * stored - 128 s
+        const __m512 mn = bits == 4 ? load_half16(w.min + at) : _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));
+        for (int64_t kk = g * group; kk < (g + 1) * group; kk += 8) {
+          __m512i units[2];  // [16 outputs x 4 k] bytes each, as unsigned values
+          if (bits == 8) {
+            const uint8_t* p = w.q + b * w.block_bytes() + (kk / 4) * 64;
+            units[0] = _mm512_loadu_si512(p);
+            units[1] = _mm512_loadu_si512(p + 64);
+          } else {
+            const __m512i v = _mm512_loadu_si512(w.q + b * w.block_bytes() + (kk / 8) * 64);
+            units[0] = low_nibbles(v);
+            units[1] = high_nibbles(v);
+          }
+          for (int u = 0; u < 2; ++u)
+            for (int e = 0; e < 4; ++e) {
+              const __m512i qi = _mm512_and_si512(_mm512_srli_epi32(units[u], 8 * e), _mm512_set1_epi32(0xFF));
+              const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s, mn);
+              store_bf16(col + (kk + 4 * u + e) * cols, v);
+            }
         }
       }
     }
@@ -209,13 +271,17 @@ at::Tensor quant_dequantize_t(const at::Tensor& q, const at::Tensor& scale, cons
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("quant_skinny_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, "
+#if defined(__AVX512VNNI__)
+  m.def("quant_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, "
         "int n) -> Tensor");
+#endif
   m.def("quant_dequantize_t(Tensor q, Tensor scale, Tensor? min, int bits, int group, int n, int k, int b0, "
         "int b1) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
-  m.impl("quant_skinny_gemm", &quant_skinny_gemm);
+#if defined(__AVX512VNNI__)
+  m.impl("quant_gemm", &quant_gemm);
+#endif
   m.impl("quant_dequantize_t", &quant_dequantize_t);
 }
 

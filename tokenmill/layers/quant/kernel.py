@@ -8,7 +8,9 @@ import torch.nn.functional as F
 import tokenmill.kernels as kernels
 from tokenmill.layers.quant.tensor import QuantizedWeight
 
-SKINNY_MAX_ROWS = 4
+# Up to this many rows the VNNI kernel (weights read once, int8 activations) runs; beyond, the matmul is large
+# enough that dequantizing the weights for oneDNN's bf16 kernels costs less than it saves.
+VNNI_MAX_ROWS = 256
 # Larger batches dequantize up to this many bf16 bytes of w^T at a time (an lm head goes in several pieces),
 # so the buffer oneDNN reads stays in the shared cache.
 DEQUANT_CHUNK_BYTES = 8 << 20
@@ -16,14 +18,16 @@ _BLOCK = 16
 
 
 def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """q, scale, min in the kernels' layout (see quant_gemm.cpp): per block of 16 outputs, k-major."""
+    """q, scale, min in the kernels' VNNI layout (see quant_gemm.cpp): per block of 16 outputs, units of
+    16 outputs x 4 consecutive inputs; 8-bit values as q + 128, 4-bit ones two units to a byte."""
     n, k = qw.q.shape
     blocks = n // _BLOCK
-    q = qw.q.view(blocks, _BLOCK, k)
-    if qw.bits == 4:
-        u = q.to(torch.uint8)
-        q = u[:, :, 0::2] | (u[:, :, 1::2] << 4)
-    q = q.transpose(1, 2).contiguous().view(torch.uint8).flatten()
+    if qw.bits == 8:
+        u = (qw.q.to(torch.int16) + 128).to(torch.uint8).view(blocks, _BLOCK, k // 4, 4)
+    else:
+        halves = qw.q.to(torch.uint8).view(blocks, _BLOCK, k // 8, 2, 4)
+        u = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
+    q = u.permute(0, 2, 1, 3).contiguous().flatten()
 
     def groups(t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -70,8 +74,8 @@ class QuantLinearKernel:
             return F.linear(x, self.weight, self.bias)
         if x.dim() != 2:
             return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
-        if x.shape[0] <= SKINNY_MAX_ROWS:
-            return torch.ops.tokenmill.quant_skinny_gemm(x, self.q, self.scale, self.min, self.bias, self.bits,
+        if x.shape[0] <= VNNI_MAX_ROWS:
+            return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias, self.bits,
                                                          self.group, self.out_features)
         return self._dequantized_matmul(x)
 
