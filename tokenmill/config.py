@@ -16,6 +16,8 @@ from tokenmill.utils import format_bytes, init_logger, parse_bytes
 logger = init_logger(__name__)
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# --kv-cache-dtype -> bytes per stored value (None: the model dtype's)
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 # Fraction of free memory the KV cache may take when --kv-cache-memory is not given, and its ceiling.
 _DEFAULT_KV_FRACTION = 0.25
 _DEFAULT_KV_CEILING = 4 << 30
@@ -41,6 +43,12 @@ class EngineArgs:
                                     choices=["int8", "int4", "gguf"])
     quantization_group_size: int = _arg(32, "Inputs per int4 group (32, 64 or 128; it must divide every layer's "
                                             "input size).", choices=[32, 64, 128])
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype: auto (the model dtype), fp8 (= fp8_e4m3, as in vLLM), "
+                                       "fp8_e5m2, or int8; one byte a value, so a cache of the same memory "
+                                       "holds twice the blocks of a bf16 one. One scale per layer for K and "
+                                       "one for V.", choices=list(KV_CACHE_DTYPES))
+    calculate_kv_scales: bool = _arg(False, "Set each layer's K and V scales from the first step's values (the "
+                                            "warm-up) instead of 1.0; always on for int8, which needs them.")
     seed: int = _arg(0, "Seed for sampling requests that have no seed of their own.")
     max_model_len: int | None = _arg(None, "Longest sequence (prompt + output). Default: the model's, capped by the "
                                            "KV cache.")
@@ -112,9 +120,8 @@ class ModelConfig:
     quantization: str | None = None
     quantization_group_size: int = 32
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        itemsize = 4 if self.dtype == "float32" else 2
+    def kv_bytes_per_token(self, cache_dtype: str = "auto") -> int:
+        itemsize = KV_CACHE_DTYPES.get(cache_dtype) or (4 if self.dtype == "float32" else 2)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
 
@@ -123,6 +130,11 @@ class CacheConfig:
     block_size: int
     num_blocks: int
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"           # a key of KV_CACHE_DTYPES
+    calculate_kv_scales: bool = False
+
+    def kv_bytes_per_token(self, m: ModelConfig) -> int:
+        return m.kv_bytes_per_token(self.cache_dtype)
 
     @property
     def num_tokens(self) -> int:
@@ -149,12 +161,17 @@ class EngineConfig:
 
     def log_summary(self) -> None:
         m, c, s = self.model_config, self.cache_config, self.scheduler_config
-        kv_bytes = c.num_tokens * m.kv_bytes_per_token
+        kv_bytes = c.num_tokens * c.kv_bytes_per_token(m)
         logger.info("model %s (%s, %s), dtype %s, weights %s, max_model_len %d", m.served_model_name, m.format,
                     m.model, m.dtype, _weights_label(m), s.max_model_len)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens, %s; maximum concurrency at %d tokens per "
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens, %s in %s; maximum concurrency at %d tokens per "
                     "request: %.2fx", c.num_blocks, c.block_size, c.num_tokens, format_bytes(kv_bytes),
-                    s.max_model_len, c.num_tokens / s.max_model_len)
+                    m.dtype if c.cache_dtype == "auto" else c.cache_dtype, s.max_model_len,
+                    c.num_tokens / s.max_model_len)
+        if c.cache_dtype != "auto":
+            logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
+                        "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),
+                        m.kv_bytes_per_token() / c.kv_bytes_per_token(m), m.dtype)
 
 
 def _weights_label(m: ModelConfig) -> str:
@@ -166,7 +183,10 @@ def _weights_label(m: ModelConfig) -> str:
 def _size_cache(args: EngineArgs, m: ModelConfig) -> CacheConfig:
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {args.block_size}")
-    bytes_per_block = m.kv_bytes_per_token * args.block_size
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not supported; choose one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    bytes_per_block = m.kv_bytes_per_token(args.kv_cache_dtype) * args.block_size
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:
@@ -180,7 +200,8 @@ def _size_cache(args: EngineArgs, m: ModelConfig) -> CacheConfig:
     if num_blocks < 1:
         raise ValueError(f"kv_cache_memory is too small for one block of {bytes_per_block} bytes")
     return CacheConfig(block_size=args.block_size, num_blocks=int(num_blocks),
-                       enable_prefix_caching=args.enable_prefix_caching)
+                       enable_prefix_caching=args.enable_prefix_caching, cache_dtype=args.kv_cache_dtype,
+                       calculate_kv_scales=args.calculate_kv_scales or args.kv_cache_dtype == "int8")
 
 
 def _resolve_max_model_len(args: EngineArgs, m: ModelConfig, c: CacheConfig) -> int:

@@ -17,6 +17,7 @@ import torch
 
 import tokenmill.kernels as kernels
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
+from tokenmill.attention.ops import dequantize_kv
 from tokenmill.attention.torch_sdpa import prompt_row_kv, sdpa_prompt_row
 
 # Rows with more new tokens than this go to SDPA (over the gathered cache when a prefix is cached): many query
@@ -57,19 +58,20 @@ class CpuPagedBackend(AttentionBackend):
         self._amx = kernels.amx_available()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         plan = md.backend_plan.get(self.name)
         if plan is None:
             plan = md.backend_plan[self.name] = self._plan(md, kv_cache.shape[2])
         out = torch.empty_like(q)
+        scales = (k_scale, v_scale)
         if plan.prefix is not None:
-            self._cascade(out, q, kv_cache, md, plan, scale)
+            self._cascade(out, q, kv_cache, md, plan, scale, scales)
         elif plan.kernel_rows is not None:
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                     plan.kernel_rows, scale)
+                     plan.kernel_rows, scale, k_scale=k_scale, v_scale=v_scale)
         prompt_row = amx_prompt_row if self._amx_takes(q) else sdpa_prompt_row
         for i in plan.sdpa_rows:
-            prompt_row(q, k, v, kv_cache, md, scale, i, out)
+            prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
     def _amx_takes(self, q: torch.Tensor) -> bool:
@@ -77,15 +79,16 @@ class CpuPagedBackend(AttentionBackend):
         return self._amx and q.dtype == torch.bfloat16 and q.shape[2] == 64
 
     def _cascade(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
-                 plan: CpuPlan, scale: float) -> None:
+                 plan: CpuPlan, scale: float, scales=(1.0, 1.0)) -> None:
         prefix = plan.prefix
         lse_tail = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
         self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail)
+                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail, k_scale=scales[0], v_scale=scales[1])
         rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
         group = hq // hkv
         qr = q if prefix.all_tokens else q[prefix.token_index]
-        kp, vp = (_prefix_keys(kv_cache[i], prefix) for i in (0, 1))   # [blocks, block_size, Hkv, D]
+        kp, vp = (dequantize_kv(_prefix_keys(kv_cache[i], prefix), scales[i], q.dtype)
+                  for i in (0, 1))   # [blocks, block_size, Hkv, D]
         if self._amx_takes(q):
             o_pre = torch.empty(rows, hq, d, dtype=q.dtype)
             lse_pre = torch.empty(rows, hq, dtype=torch.float32)
@@ -145,7 +148,7 @@ def _prefix_keys(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:
     return cache.index_select(0, prefix.block_ids)
 
 
-def amx_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor) -> None:
+def amx_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
     """sdpa_prompt_row on AMX tiles (bf16, head_dim 64): 1.6-1.9x torch's flash attention on prompts here."""
-    start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i)
+    start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i, scales)
     torch.ops.tokenmill.amx_prefill_attention(out[start:end], q[start:end], ki, vi, scale, context)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
+from tokenmill.attention.ops import dequantize_kv
 
 
 class TorchRefBackend(AttentionBackend):
     name = "torch_ref"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
         group = q.shape[1] // num_kv_heads
         out = torch.empty_like(q)
@@ -25,8 +26,10 @@ class TorchRefBackend(AttentionBackend):
                 continue
             q_len = end - start
             blocks = md.block_table[i, : (seq_len + block_size - 1) // block_size].long()
-            k = kv_cache[0, blocks].reshape(-1, num_kv_heads, q.shape[2])[:seq_len].float()
-            v = kv_cache[1, blocks].reshape(-1, num_kv_heads, q.shape[2])[:seq_len].float()
+            k = dequantize_kv(kv_cache[0, blocks], k_scale, torch.float32)
+            v = dequantize_kv(kv_cache[1, blocks], v_scale, torch.float32)
+            k = k.reshape(-1, num_kv_heads, q.shape[2])[:seq_len].float()
+            v = v.reshape(-1, num_kv_heads, q.shape[2])[:seq_len].float()
             k = k.repeat_interleave(group, dim=1)          # [S, Hq, D]
             v = v.repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,shd->hqs", q[start:end].float(), k) * scale

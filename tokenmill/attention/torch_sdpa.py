@@ -12,24 +12,26 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
+from tokenmill.attention.ops import dequantize_kv
 
 
 class TorchSdpaBackend(AttentionBackend):
     name = "torch_sdpa"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         out = torch.empty_like(q)
         q_lens = np.diff(md.query_start_loc_np)
         decode_rows = np.nonzero(q_lens == 1)[0]
+        scales = (k_scale, v_scale)
         if len(decode_rows):
-            self._decode(q, kv_cache, md, scale, decode_rows, out)
+            self._decode(q, kv_cache, md, scale, decode_rows, out, scales)
         for i in np.nonzero(q_lens > 1)[0].tolist():
-            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out)
+            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, md, scale, rows: np.ndarray, out: torch.Tensor) -> None:
+    def _decode(q, kv_cache, md, scale, rows: np.ndarray, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
         _, _, block_size, hkv, d = kv_cache.shape
         seq_lens = md.seq_lens_np[rows]
         max_blocks = int(-(-seq_lens.max() // block_size))
@@ -37,8 +39,8 @@ class TorchSdpaBackend(AttentionBackend):
         rows_t = torch.from_numpy(rows)
         blocks = md.block_table[rows_t, :max_blocks].long().reshape(-1)
         n = len(rows)
-        keys = kv_cache[0].index_select(0, blocks).view(n, max_blocks * block_size, hkv, d).transpose(1, 2)
-        vals = kv_cache[1].index_select(0, blocks).view(n, max_blocks * block_size, hkv, d).transpose(1, 2)
+        keys, vals = (dequantize_kv(kv_cache[i].index_select(0, blocks), scales[i], q.dtype)
+                      .view(n, max_blocks * block_size, hkv, d).transpose(1, 2) for i in (0, 1))
         qg = q.index_select(0, token_idx).view(n, hkv, -1, d)           # [n, Hkv, G, D]
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [n, Hkv, G, S]
         pos = torch.arange(max_blocks * block_size)
@@ -48,23 +50,24 @@ class TorchSdpaBackend(AttentionBackend):
         out.index_copy_(0, token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
 
 
-def prompt_row_kv(k, v, kv_cache, md, i: int) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
+def prompt_row_kv(k, v, kv_cache, md, i: int, scales=(1.0, 1.0)) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
     """Batch row i's token range, its tokens of earlier context, and the keys and values it attends ([S, Hkv, D]):
-    the fresh K/V when the row is a whole prompt, else its whole sequence gathered from its cache blocks."""
+    the fresh K/V when the row is a whole prompt, else its whole sequence gathered from its cache blocks (in
+    the model dtype: a quantized cache is dequantized)."""
     start, end = int(md.query_start_loc_np[i]), int(md.query_start_loc_np[i + 1])
     seq_len = int(md.seq_lens_np[i])
     if seq_len == end - start:
         return start, end, 0, k[start:end], v[start:end]
     blocks = md.block_table[i, : -(-seq_len // kv_cache.shape[2])].long()
-    ki = kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len]
-    vi = kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len]
+    ki = dequantize_kv(kv_cache[0].index_select(0, blocks).flatten(0, 1)[:seq_len], scales[0], k.dtype)
+    vi = dequantize_kv(kv_cache[1].index_select(0, blocks).flatten(0, 1)[:seq_len], scales[1], v.dtype)
     return start, end, seq_len - (end - start), ki, vi
 
 
-def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor) -> None:
+def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
     """Attention of batch row i's new tokens with SDPA: causal on the fresh K/V, or masked over the gathered
     cache when part of the sequence was computed before."""
-    start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i)
+    start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i, scales)
     hq, hkv = q.shape[1], kv_cache.shape[3]
     qi, ki, vi = q[start:end].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1)  # [H, tokens, D]
     mask, causal = None, True

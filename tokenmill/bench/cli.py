@@ -21,7 +21,7 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="Benchmarks: throughput, latency (offline) and serve (any server).")
+    bench = sub.add_parser("bench", help="Benchmarks: throughput, latency, quality (offline) and serve (any server).")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
 
     from tokenmill.bench.offline import run_latency, run_throughput
@@ -40,6 +40,14 @@ def add_bench_parser(sub) -> None:
     lat.add_argument("--num-iters-warmup", type=int, default=1)
     add_engine_args(lat, positional_model=False)
     lat.set_defaults(func=run_latency)
+
+    from tokenmill.bench.quality import add_quality_args, run_quality
+
+    qa = bsub.add_parser("quality", help="What each quantization costs: perplexity on a shipped corpus and greedy "
+                                         "agreement with the unquantized model, one table for every mode.")
+    add_quality_args(qa)
+    add_engine_args(qa, positional_model=False)
+    qa.set_defaults(func=run_quality)
 
     from tokenmill.bench.serve import add_serve_bench_args, run_serve_bench
 

@@ -6,7 +6,10 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
-from tokenmill.attention.ops import write_kv
+from tokenmill.attention.ops import is_quantized_kv, kv_range, write_kv
+
+# Calibrated scales leave this much room above the largest value seen in the calibration step.
+KV_SCALE_HEADROOM = 1.25
 
 
 class PagedAttention(nn.Module):
@@ -16,12 +19,25 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner: [2, N, block_size, Hkv, D]
+        # a quantized cache stores K / k_scale and V / v_scale; with calibrate set, the first step that writes
+        # K/V sets both from its largest values (--calculate-kv-scales, and always for int8)
+        self.k_scale = self.v_scale = 1.0
+        self.calibrate = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
                 kv_written: bool = False) -> torch.Tensor:
         """kv_written: the caller already stored this step's K/V (the fused rope-and-cache kernel)."""
         if self.kv_cache is None:
             raise RuntimeError("the KV cache was not bound to this attention layer")
+        if self.calibrate:
+            self._calibrate(k, v)
         if not kv_written:
-            write_kv(self.kv_cache, k, v, md.slot_mapping)
-        return self.backend.forward(q, k, v, self.kv_cache, md, self.scale)
+            write_kv(self.kv_cache, k, v, md.slot_mapping, self.k_scale, self.v_scale)
+        return self.backend.forward(q, k, v, self.kv_cache, md, self.scale, k_scale=self.k_scale,
+                                    v_scale=self.v_scale)
+
+    def _calibrate(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        limit = kv_range(self.kv_cache.dtype) if is_quantized_kv(self.kv_cache) else 1.0
+        self.k_scale = max(float(k.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
+        self.v_scale = max(float(v.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
+        self.calibrate = False

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from tokenmill.attention.backend import AttentionMetadata
+from tokenmill.attention.ops import kv_storage_dtype
 from tokenmill.attention.registry import get_backend
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -58,11 +59,14 @@ class ModelRunner:
     def initialize_kv_cache(self) -> None:
         m, c = self.config.model_config, self.config.cache_config
         shape = (2, c.num_blocks + 1, c.block_size, m.num_kv_heads, m.head_dim)  # +1: block 0 is the null block
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)]
+        dtype = kv_storage_dtype(c.cache_dtype, self.dtype)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(m.num_layers)]
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
+            layer.calibrate = c.calculate_kv_scales
         total = sum(t.numel() * t.element_size() for t in self.kv_caches)
-        logger.info("allocated KV cache: %d layers x %s = %s", m.num_layers, tuple(shape), format_bytes(total))
+        logger.info("allocated KV cache: %d layers x %s %s = %s", m.num_layers, tuple(shape), str(dtype).split(".")[-1],
+                    format_bytes(total))
 
     # ---- state updates -------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:

@@ -3,10 +3,14 @@
 //
 // One task per (request, kv head); OpenMP spreads the tasks over the cores. Query row t of request i sits
 // at position seq_len - q_len + t and sees keys 0..that position (causal within the new tokens).
-// Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] for K and for V.
+// Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] for K and for V, in the model dtype or
+// quantized (fp8 e4m3, fp8 e5m2, int8) with one scale per tensor: k_scale is folded into the query scale and
+// v_scale into the output, so the loops only convert the stored values.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -34,6 +38,9 @@ inline float to_float(at::BFloat16 x) {
   return f;
 }
 inline float to_float(double x) { return static_cast<float>(x); }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(at::Float8_e4m3fn x) { return static_cast<float>(x); }
+inline float to_float(at::Float8_e5m2 x) { return static_cast<float>(x); }
 inline void from_float(float x, float* out) { *out = x; }
 inline void from_float(float x, double* out) { *out = x; }
 inline void from_float(float x, at::BFloat16* out) { *out = at::BFloat16(x); }
@@ -94,11 +101,11 @@ inline void reset_state(float* acc, float* m, float* l, int64_t rows, int64_t d)
 // out = acc / l for every row, back in the model dtype.
 template <typename T>
 void store_rows(T* out, const float* acc, const float* l, int64_t q_len, int64_t group, int64_t d, int64_t kv_head,
-                int64_t q_token_stride, int64_t q_head_stride) {
+                int64_t q_token_stride, int64_t q_head_stride, float v_scale) {
   for (int64_t t = 0; t < q_len; ++t)
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = t * group + g;
-      const float inv = 1.0f / l[r];
+      const float inv = v_scale / l[r];
       T* dst = out + t * q_token_stride + (kv_head * group + g) * q_head_stride;
       for (int64_t x = 0; x < d; ++x) from_float(acc[r * d + x] * inv, dst + x);
     }
@@ -106,11 +113,11 @@ void store_rows(T* out, const float* acc, const float* l, int64_t q_len, int64_t
 
 // One (request, kv head): rows = q_len * group query vectors sharing every K/V load. D is a compile-time
 // constant for the common head sizes so the dot products and updates unroll into whole vector registers.
-template <typename T, int64_t D>
-void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t q_len,
+template <typename T, typename KT, int64_t D>
+void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t q_len,
                 int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
                 int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
-                float scale, int64_t start_block, float* lse) {
+                float scale, int64_t start_block, float* lse, float v_scale) {
   const int64_t d = D > 0 ? D : d_rt;
   thread_local Scratch sc;
   const int64_t rows = q_len * group;
@@ -173,7 +180,7 @@ void attend_one(const T* q, T* out, const T* k_cache, const T* v_cache, const in
       }
     }
   }
-  store_rows(out, acc, l, q_len, group, d, kv_head, q_token_stride, q_head_stride);
+  store_rows(out, acc, l, q_len, group, d, kv_head, q_token_stride, q_head_stride, v_scale);
   if (lse)
     for (int64_t t = 0; t < q_len; ++t)
       for (int64_t g = 0; g < group; ++g) lse[t * (q_token_stride / q_head_stride) + kv_head * group + g] = m[t * group + g] +
@@ -189,6 +196,21 @@ inline __m512 load16(const at::BFloat16* p) {
 }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const double*) { return _mm512_setzero_ps(); }  // never used: d64 is bf16/fp32 only
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// fp8 e5m2 is the top byte of an fp16; e4m3 becomes an fp16 with its exponent 8 lower (sign, then the 7 bits
+// shifted into place), so times 2^8 it is exact, subnormals included (writes saturate: no NaN is stored).
+inline __m512 load16(const at::Float8_e5m2* p) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+}
+inline __m512 load16(const at::Float8_e4m3fn* p) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+  const __m256i rest = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, rest)), _mm512_set1_ps(256.0f));
+}
 
 #if defined(__AVX512BF16__)
 // Decode scores of one 16-key block for the R query heads of a KV head, returned in registers. The heads are
@@ -223,10 +245,10 @@ inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __
 
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
-template <typename T, int R>
-void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const int32_t* table, int64_t seq_len,
+template <typename T, typename KT, int R>
+void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
                 int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
-                float* lse) {
+                float* lse, float v_scale) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
   alignas(64) float qf[R * d];
@@ -242,14 +264,14 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   const int64_t num_blocks = (seq_len + block - 1) / block;
   for (int64_t b = start_block; b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
-    const T* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
-    const T* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
     if (b + 1 < num_blocks) {  // blocks are scattered and mostly not in cache: start the next one's loads now
       const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d;
       for (int64_t j = 0; j < block; ++j) {
         const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
         const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
-        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(T)); line += 64) {
+        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(KT)); line += 64) {
           _mm_prefetch(kp + line, _MM_HINT_T0);
           _mm_prefetch(vp + line, _MM_HINT_T0);
         }
@@ -257,13 +279,13 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
     }
     __m512 sv[R];
 #if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
       score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
     } else
 #endif
     {
       for (int64_t j = 0; j < n; ++j) {
-        const T* kr = kb + j * kv_token_stride;
+        const KT* kr = kb + j * kv_token_stride;
         const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
         for (int r = 0; r < R; ++r) {
           const float* qr = qf + r * d;
@@ -290,7 +312,7 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
       _mm512_store_ps(s + r * block, pv);
     }
     for (int64_t j = 0; j < n; ++j) {
-      const T* vr = vb + j * kv_token_stride;
+      const KT* vr = vb + j * kv_token_stride;
       const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
       for (int r = 0; r < R; ++r) {
         const __m512 p = _mm512_set1_ps(s[r * block + j]);
@@ -304,7 +326,7 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
   for (int r = 0; r < R; ++r) {
     alignas(64) float o[d];
     const float sum = _mm512_reduce_add_ps(l[r]);
-    const __m512 inv = _mm512_set1_ps(1.0f / sum);
+    const __m512 inv = _mm512_set1_ps(v_scale / sum);
     for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
     T* dst = out + (kv_head * R + r) * d;
     for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
@@ -319,7 +341,8 @@ void decode_d64(const T* q, T* out, const T* k_cache, const T* v_cache, const in
 // log-sum-exp of its scaled scores so that partial results can be merged.
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse) {
+                     const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
+                     double k_scale, double v_scale) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
@@ -341,34 +364,45 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
     lse_p = lse->data_ptr<float>();
   }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
-    const scalar_t* q_p = q.data_ptr<scalar_t>();
-    scalar_t* o_p = out.data_ptr<scalar_t>();
-    const scalar_t* k_p = k_cache.data_ptr<scalar_t>();
-    const scalar_t* v_p = v_cache.data_ptr<scalar_t>();
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t i = rw_p[task / hkv], h = task % hkv;
-        const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
-        if (q_len == 0) continue;
+    using T = scalar_t;
+    auto run = [&](auto kv_tag) {
+      using KT = decltype(kv_tag);
+      const T* q_p = q.data_ptr<T>();
+      T* o_p = out.data_ptr<T>();
+      const KT* k_p = reinterpret_cast<const KT*>(k_cache.data_ptr());
+      const KT* v_p = reinterpret_cast<const KT*>(v_cache.data_ptr());
+      const float qk_scale = static_cast<float>(scale * k_scale), vs = static_cast<float>(v_scale);
+      at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t i = rw_p[task / hkv], h = task % hkv;
+          const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
+          if (q_len == 0) continue;
 #if defined(__AVX512F__)
-        if (d == 64 && q_len == 1 && block_size == 16 && group <= 4 && !std::is_same_v<scalar_t, double>) {
-          using Fn = void (*)(const scalar_t*, scalar_t*, const scalar_t*, const scalar_t*, const int32_t*, int64_t,
-                              int64_t, int64_t, int64_t, float, int64_t, float*);
-          const Fn fns[4] = {&decode_d64<scalar_t, 1>, &decode_d64<scalar_t, 2>, &decode_d64<scalar_t, 3>,
-                             &decode_d64<scalar_t, 4>};
-          fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
-                         k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale), start_block,
-                         lse_p ? lse_p + q0 * hq : nullptr);
-          continue;
-        }
+          if (d == 64 && q_len == 1 && block_size == 16 && group <= 4 && !std::is_same_v<T, double> &&
+              !std::is_same_v<KT, double>) {
+            using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
+                                float, int64_t, float*, float);
+            const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
+                               &decode_d64<T, KT, 4>};
+            fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
+                           k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
+                           lse_p ? lse_p + q0 * hq : nullptr, vs);
+            continue;
+          }
 #endif
-        auto* fn = d == 64 ? &attend_one<scalar_t, 64> : d == 128 ? &attend_one<scalar_t, 128>
-                                                                  : &attend_one<scalar_t, 0>;
-        fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
-           block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), static_cast<float>(scale), start_block,
-           lse_p ? lse_p + q0 * hq : nullptr);
-      }
-    });
+          auto* fn = d == 64 ? &attend_one<T, KT, 64> : d == 128 ? &attend_one<T, KT, 128> : &attend_one<T, KT, 0>;
+          fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
+             block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
+             lse_p ? lse_p + q0 * hq : nullptr, vs);
+        }
+      });
+    };
+    const auto kv = k_cache.scalar_type();
+    if (kv == q.scalar_type()) run(T{});
+    else if (kv == at::kFloat8_e4m3fn) run(at::Float8_e4m3fn{});
+    else if (kv == at::kFloat8_e5m2) run(at::Float8_e5m2{});
+    else if (kv == at::kChar) run(int8_t{});
+    else TORCH_CHECK(false, "paged_attention: KV cache dtype ", kv, " is not supported with ", q.scalar_type());
   });
 }
 
@@ -377,7 +411,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale, int start_block=0, "
-        "Tensor(b!)? lse=None) -> ()");
+        "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,106 @@
+"""Quantized KV caches (fp8 e4m3, fp8 e5m2, int8 with per-layer scales): every backend reads the stored values
+as torch_ref does (decode fast path, generic path, prompts over cached context, the cascade prefix), the values
+round-trip within the dtype's precision, and a cache of the same memory holds twice the blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_attention_backends import CASES, SHARED_PREFIX_CASES, _case, _shared_prefix_case
+
+from tokenmill import LLM, SamplingParams
+from tokenmill.attention.ops import KV_CACHE_DTYPES, dequantize_kv, quantize_kv, write_kv
+from tokenmill.attention.registry import get_backend
+
+QUANTIZED = ["fp8", "fp8_e5m2", "int8"]
+# largest relative error of one stored value (of the scale's range for int8)
+PRECISION = {"fp8": 2**-4, "fp8_e5m2": 2**-3, "int8": 0.5 / 127}
+SCALES = (0.04, 0.045)  # int8's K and V: ranges of +-5.1 and +-5.7, above every randn value here
+ATTENTION_BOUND = {"fp8": 4.5 * 2**-4 * 1.5, "fp8_e5m2": 4.5 * 2**-3 * 1.5, "int8": 0.08}
+
+
+def _quantized(cache: torch.Tensor, name: str) -> torch.Tensor:
+    dtype = KV_CACHE_DTYPES[name][0]
+    out = torch.empty(cache.shape, dtype=dtype)
+    scales = SCALES if name == "int8" else (1.0, 1.0)
+    for i in (0, 1):
+        out[i] = quantize_kv(cache[i], scales[i], dtype)
+    return out, scales
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_values_round_trip_within_the_dtype_precision(name):
+    x = torch.randn(1000).clamp(-3, 3) * 2  # within int8's range at scale 0.05 (6.35)
+    dtype = KV_CACHE_DTYPES[name][0]
+    scale = 0.05 if name == "int8" else 1.0
+    back = dequantize_kv(quantize_kv(x, scale, dtype), scale, torch.float32)
+    bound = PRECISION[name] * (x.abs() if name != "int8" else 127 * scale) + 1e-6
+    assert ((back - x).abs() <= bound + 2**-9).all()  # (+ fp8's subnormal spacing near zero)
+    assert quantize_kv(torch.tensor([1e9]), scale, dtype).float().item() == KV_CACHE_DTYPES[name][1]  # saturates
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("block_size, hq, hkv, d", [(16, 9, 3, 64), (8, 4, 2, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_reads_a_quantized_cache_as_the_reference(name, backend, case, block_size, hq, hkv, d, dtype):
+    q_lens, ctx = CASES[case]
+    q, k, v, cache, md = _case(q_lens, ctx, block_size, hq, hkv, d, dtype)
+    qcache, (ks, vs) = _quantized(cache.float(), name)
+    write_kv(qcache, k, v, md.slot_mapping, ks, vs)
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, qcache, md, 0.125, k_scale=ks, v_scale=vs)
+    out = get_backend(backend, "cpu").forward(q, k, v, qcache, md, 0.125, k_scale=ks, v_scale=vs)
+    exact = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
+    # whole prompts attend their fresh K/V, as vLLM does; everything with cached context reads the cache
+    expected = exact if case == "prefill" else ref
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), expected.float(), **tol)
+    # and the quantized cache stays close to attending the unquantized values: an output is a weighted mean of
+    # values up to ~4.5 here, each stored within PRECISION (int8: half a step of 0.045)
+    assert (ref.float() - exact.float()).abs().max() < ATTENTION_BOUND[name]
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("case", sorted(SHARED_PREFIX_CASES))
+def test_cascade_prefix_reads_a_quantized_cache(name, case):
+    tails, q_lens = SHARED_PREFIX_CASES[case]
+    q, k, v, cache, md = _shared_prefix_case(tails, q_lens, 20, 16, 9, 3, 64, torch.bfloat16)
+    qcache, (ks, vs) = _quantized(cache.float(), name)
+    write_kv(qcache, k, v, md.slot_mapping, ks, vs)
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, qcache, md, 0.125, k_scale=ks, v_scale=vs)
+    out = get_backend("cpu", "cpu").forward(q, k, v, qcache, md, 0.125, k_scale=ks, v_scale=vs)
+    assert md.backend_plan["cpu"].prefix is not None
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_same_memory_holds_twice_the_blocks(tiny_model_dir):
+    folder = str(tiny_model_dir("llama"))
+    plain = LLM(folder, dtype="bfloat16", kv_cache_memory="16MiB")
+    fp8 = LLM(folder, dtype="bfloat16", kv_cache_memory="16MiB", kv_cache_dtype="fp8")
+    assert fp8.config.cache_config.num_blocks == 2 * plain.config.cache_config.num_blocks
+    cache = fp8.engine_core.executor.runner.kv_caches[0]
+    assert cache.dtype == torch.float8_e4m3fn and cache.element_size() == 1
+
+
+@pytest.mark.parametrize("name", ["fp8", "int8"])
+def test_engine_with_a_quantized_cache_follows_the_unquantized_one(name, tiny_model_dir):
+    """fp32 tiny model: int8 calibrates its scales on the warm-up step; the first token (from the prompt's fresh
+    K/V) is the unquantized one's, and the later ones read the quantized cache. (The tiny random model's
+    next-token distribution is nearly flat, so only the first token is compared here; `tokenmill bench
+    quality` measures what each KV dtype costs on the real model.)"""
+    folder = str(tiny_model_dir("qwen2"))
+    prompts = [{"prompt_token_ids": list(range(200, 260))}, {"prompt_token_ids": [7, 8, 9, 10]}]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(folder, dtype="float32", kv_cache_memory="16MiB")
+           .generate(prompts, sp, use_tqdm=False)]
+    llm = LLM(folder, dtype="float32", kv_cache_memory="16MiB", kv_cache_dtype=name)
+    layer = llm.engine_core.executor.runner.model.attention_layers()[0]
+    assert (layer.k_scale != 1.0) == (name == "int8") and not layer.calibrate
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert [o[0] for o in ours] == [r[0] for r in ref] and all(len(o) == 8 for o in ours)
+
+
+def test_unknown_kv_cache_dtype_names_the_flag():
+    with pytest.raises(ValueError, match="--kv-cache-dtype 'fp4' is not supported"):
+        LLM(kv_cache_dtype="fp4", kv_cache_memory="16MiB")
