@@ -14,6 +14,8 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", choices=["random"], default="random", help="Random token-id prompts from a seed.")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--input-len", type=int, default=None, help="Tokens per prompt (after the shared prefix).")
+    p.add_argument("--min-input-len", type=int, default=None,
+                   help="With it, prompt lengths are drawn uniformly from --min-input-len..--input-len (W5).")
     p.add_argument("--output-len", type=int, default=None, help="Tokens generated per request (forced).")
     p.add_argument("--prefix-len", type=int, default=None, help="A prefix shared by every prompt (W3).")
     p.add_argument("--dataset-seed", type=int, default=None, help="Seed of the random prompts.")

@@ -15,6 +15,9 @@ WORKLOADS = {
     "W2": dict(num_prompts=1, input_len=128, output_len=256, prefix_len=0, dataset_seed=2),
     "W3": dict(num_prompts=64, input_len=32, output_len=64, prefix_len=1024, dataset_seed=3),
     "W4": dict(num_prompts=64, input_len=256, output_len=128, prefix_len=0, dataset_seed=0),
+    # W5: how many requests a fixed 256 MiB KV cache holds at once, prompts of 64..1,024 tokens
+    "W5": dict(num_prompts=128, input_len=1024, min_input_len=64, output_len=128, prefix_len=0, dataset_seed=5,
+               kv_cache_memory="256MiB"),
 }
 
 
@@ -25,12 +28,16 @@ class BenchRequest:
 
 
 def random_requests(num_prompts: int, input_len: int, output_len: int, prefix_len: int = 0, seed: int = 0,
-                    vocab_size: int = 49152) -> list[BenchRequest]:
-    """A shared prefix (if any) then a distinct random body per request, drawn with numpy's PCG64."""
+                    vocab_size: int = 49152, min_input_len: int | None = None) -> list[BenchRequest]:
+    """A shared prefix (if any) then a distinct random body per request, drawn with numpy's PCG64; with
+    min_input_len, each body is cut to a length drawn uniformly from min_input_len..input_len."""
     rng = np.random.default_rng(seed)
     prefix = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(prefix_len,), dtype=np.int64).tolist() \
         if prefix_len else []
     body = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(num_prompts, input_len), dtype=np.int64).tolist()
+    if min_input_len is not None:
+        lengths = rng.integers(min_input_len, input_len + 1, size=num_prompts)
+        body = [b[:n] for b, n in zip(body, lengths)]
     return [BenchRequest(prefix + b, output_len) for b in body]
 
 
@@ -40,7 +47,7 @@ def apply_workload(ns) -> None:
         for key, value in WORKLOADS[ns.workload].items():
             if getattr(ns, key, None) is None:
                 setattr(ns, key, value)
-    defaults = dict(num_prompts=100, input_len=256, output_len=128, prefix_len=0, dataset_seed=0)
+    defaults = dict(num_prompts=100, input_len=256, output_len=128, prefix_len=0, dataset_seed=0, min_input_len=None)
     for key, value in defaults.items():
         if getattr(ns, key, None) is None:
             setattr(ns, key, value)

@@ -28,7 +28,8 @@ def run_throughput(ns: argparse.Namespace) -> int:
     apply_workload(ns)
     llm = _llm(ns)
     vocab = int(llm.config.model_config.hf_config.vocab_size)
-    reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed, vocab)
+    reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed, vocab,
+                           ns.min_input_len)
     llm.generate({"prompt_token_ids": reqs[0].prompt_token_ids[:16]}, _params(4), use_tqdm=False)  # warm-up
     llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
@@ -46,7 +47,10 @@ def run_throughput(ns: argparse.Namespace) -> int:
         total_tokens_per_second=(in_toks + out_toks) / elapsed, total_input_tokens=in_toks,
         total_output_tokens=out_toks, num_preemptions=llm.engine_core.scheduler.num_preemptions,
         prefix_cache_hit_tokens=sum(o.num_cached_tokens for o in outs),
-        peak_kv_token_share=llm.engine_core.scheduler.peak_token_share)
+        peak_kv_token_share=llm.engine_core.scheduler.peak_token_share,
+        peak_num_running=llm.engine_core.scheduler.peak_num_running,
+        kv_cache_dtype=llm.config.cache_config.cache_dtype, kv_cache_blocks=llm.config.cache_config.num_blocks,
+        quantization=llm.config.model_config.quantization)
     if ns.profile:
         result["profile"] = {k: round(v, 3) for k, v in llm.engine_core.profile.seconds.items()}
     emit(result, "Throughput benchmark", ns.output_json)

@@ -3,7 +3,8 @@
 For every mode (bf16, int8, int4 at each group size, gguf blocks, each KV-cache dtype) it measures, through the
 engine itself:
 - perplexity over a shipped public-domain corpus, from the engine's own prompt logprobs (windows of
-  `--window` tokens, each scored from its second token on);
+  `--window` tokens, each scored from its second token on, prefilled in chunks of `--prefill-chunk` so that
+  most tokens attend K/V read back from the cache);
 - greedy agreement with the first mode (the unquantized reference) on fixed chat prompts: the share of requests
   whose first `--max-tokens` tokens are identical, and the mean length of the identical start.
 """
@@ -31,6 +32,7 @@ MODES = {
     "int4-g128": {"quantization": "int4", "quantization_group_size": 128},
     "gguf": {"quantization": "gguf"},
     "kv-fp8": {"kv_cache_dtype": "fp8"},
+    "kv-fp8-scaled": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True},
     "kv-fp8_e5m2": {"kv_cache_dtype": "fp8_e5m2"},
     "kv-int8": {"kv_cache_dtype": "int8"},
 }
@@ -145,6 +147,8 @@ def run_quality(ns: argparse.Namespace) -> int:
     base = dataclasses.asdict(engine_args_from(ns))
     if base.get("kv_cache_memory") is None and base.get("num_gpu_blocks_override") is None:
         base["kv_cache_memory"] = "256MiB"
+    # small prefill chunks: all of a window but its first chunk reads K/V back from the (maybe quantized) cache
+    base["max_num_batched_tokens"] = ns.prefill_chunk
     results, ref_answers = [], None
     for mode in modes:
         res, answers = _measure(mode, base, ns, ref_answers)
@@ -161,8 +165,13 @@ def run_quality(ns: argparse.Namespace) -> int:
 
 
 def add_quality_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", default="bf16,int8,int4-g32,int4-g64,int4-g128,gguf,kv-fp8,kv-fp8_e5m2,kv-int8",
+    p.add_argument("--modes", default="bf16,int8,int4-g32,int4-g64,int4-g128,gguf,kv-fp8,kv-fp8-scaled,kv-fp8_e5m2,"
+                                      "kv-int8",
                    help=f"Comma-separated modes, the first being the reference; from: {', '.join(MODES)}.")
     p.add_argument("--max-tokens", type=int, default=64, help="Greedy tokens per chat prompt.")
     p.add_argument("--window", type=int, default=1024, help="Tokens per perplexity window.")
+    p.add_argument("--prefill-chunk", type=int, default=128,
+                   help="Token budget of a step here (it overrides --max-num-batched-tokens): prompts go in chunks "
+                        "of this size, so all but a window's first chunk attend K/V read back from the cache, "
+                        "as decoding does, and a KV-cache dtype's cost shows in the perplexity.")
     p.add_argument("--output-json", default=None, help="Save the results here as JSON.")

@@ -32,6 +32,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._stats = SchedulerStats()
         self.peak_blocks_in_use = 0
+        self.peak_num_running = 0  # most requests running in one step (W5: how many fit the KV cache)
         # at the peak of blocks in use: tokens of the running requests per allocated slot (the share of KV memory
         # holding real tokens; above 1 when requests share prefix blocks)
         self.peak_token_share = 0.0
@@ -159,6 +160,7 @@ class Scheduler:
     def _track_peak(self) -> None:
         pool = self.kv_cache_manager.pool
         in_use = pool.num_blocks - pool.num_free_blocks
+        self.peak_num_running = max(self.peak_num_running, len(self.running))
         if in_use > self.peak_blocks_in_use:
             self.peak_blocks_in_use = in_use
             self.peak_token_share = sum(r.num_computed_tokens for r in self.running) / (in_use * self.block_size)

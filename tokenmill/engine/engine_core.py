@@ -57,7 +57,7 @@ class EngineCore:
         sched = self.scheduler
         sched.kv_cache_manager.pool.reset_prefix_cache()
         sched.make_stats()
-        sched.num_preemptions = sched.peak_blocks_in_use = 0
+        sched.num_preemptions = sched.peak_blocks_in_use = sched.peak_num_running = 0
         sched.peak_token_share = 0.0
         self.profile.reset()
         logger.info("warm-up step done in %.2f s", time.perf_counter() - t0)

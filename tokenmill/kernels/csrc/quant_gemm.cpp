@@ -9,11 +9,12 @@
 //           w = scale * q + min
 //   scale, min: [N/16, K/G, 16] fp16, one per group of G inputs of each output (G = K for per-channel int8).
 // Two kernels read it:
-//  - skinny (1-4 rows): the rows are quantized to int8 per 32 inputs (a scale each, as llama.cpp does for its
-//    dot products), each 32-input block is summed exactly in int32 with vpdpbusd, then scaled in fp32; the min
-//    term is min * the group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum
-//    of x. A decode step of one stream becomes a stream of ~1 or ~0.56 bytes a weight instead of 2, with
-//    ~4x fewer instructions than converting each weight to fp32.
+//  - VNNI (up to a few hundred rows): the rows of x become two int8 parts per 32 inputs (hi, and the remainder
+//    in 1/256ths: x is kept finer than its own bf16 rounding, unlike llama.cpp's single int8), each block's
+//    products are summed exactly in int32 with vpdpbusd, then scaled in fp32; the min term is min * the
+//    group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum of x. A J-block
+//    strip of weights stays in L1 while every 4-row tile of x passes over it, so the weights stream from
+//    memory once per call: one decode step reads ~1 or ~0.56 bytes a weight instead of 2.
 //  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches, whose matmul is bound by
 //    compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN multiplies.
 
@@ -64,37 +65,57 @@ inline __m512 load_half16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The rows of x quantized for the dot products: int8 per 32 inputs with a scale, the int sum of each block
-// (for the +128 of 8-bit weights) and the float sum of each weight group (for the 4-bit minimum).
+// The rows of x as integers for the byte dot products, per block of 32 inputs: x ~ d * (hi + lo / 256) with hi
+// and lo int8 (hi = round(x / d), d = amax / 127; lo = the rounded remainder in 1/256ths), so the products are
+// exact integer sums and x is kept to ~1.5e-5 of its block's largest value: finer than its own bf16 rounding.
+// Also: each block's sum 256 hi + lo (for the +128 of 8-bit weights) and the float sum of each weight group
+// (for the 4-bit minimum).
 struct QuantRows {
-  std::vector<int8_t> q;       // [M, K]
-  std::vector<float> scale;    // [M, K/32]
+  std::vector<int8_t> hi, lo;  // [M, K]
+  std::vector<float> scale;    // [M, K/32]: d / 256
   std::vector<int32_t> qsum;   // [M, K/32]
   std::vector<float> gsum;     // [M, K/G]
 };
 
-QuantRows quantize_rows(const float* x, int64_t m, int64_t k, int64_t group) {
+inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Filled in place (the caller's thread-local buffers: a decode step makes ~120 of these calls, and their fixed
+// costs, allocations included, are a visible share of its time).
+void quantize_rows(QuantRows& r, const uint16_t* x, int64_t m, int64_t k, int64_t group) {
   const int64_t nb = k / 32;
-  QuantRows r{std::vector<int8_t>(m * k), std::vector<float>(m * nb), std::vector<int32_t>(m * nb),
-              std::vector<float>(m * k / group, 0.0f)};
+  r.hi.resize(m * k);
+  r.lo.resize(m * k);
+  r.scale.resize(m * nb);
+  r.qsum.resize(m * nb);
+  r.gsum.assign(m * k / group, 0.0f);
   at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
-        const float* xb = x + i * k + b * 32;
-        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const uint16_t* xb = x + i * k + b * 32;
+        const __m512 v0 = load_bf16x16(xb), v1 = load_bf16x16(xb + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-        // round half to even, as torch.round does
-        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));
-        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + i * k + b * 32), _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + i * k + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
-        r.scale[i * nb + b] = amax / 127.0f;
-        r.qsum[i * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        int32_t qs = 0;
+        for (int h = 0; h < 2; ++h) {
+          const __m512 t = _mm512_mul_ps(h ? v1 : v0, inv);
+          const __m512i hi = _mm512_cvtps_epi32(t);  // round half to even
+          const __m512 rest = _mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(hi)), _mm512_set1_ps(256.0f));
+          const __m512i lo = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(rest), _mm512_set1_epi32(127)),
+                                              _mm512_set1_epi32(-127));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(r.hi.data() + i * k + b * 32 + 16 * h),
+                           _mm512_cvtsepi32_epi8(hi));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(r.lo.data() + i * k + b * 32 + 16 * h),
+                           _mm512_cvtsepi32_epi8(lo));
+          qs += _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+        }
+        r.scale[i * nb + b] = amax / 127.0f / 256.0f;
+        r.qsum[i * nb + b] = qs;
         r.gsum[i * (k / group) + b * 32 / group] += _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
       }
   });
-  return r;
 }
 
 inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
@@ -114,63 +135,68 @@ inline void store_bf16(uint16_t* y, __m512 v) {  // round to nearest even
 #if defined(__AVX512VNNI__)
 
 // Rows [0, M) x output blocks [b0, b1), J blocks at a time.
-// Rows [r0, r0 + M) x output blocks [b, b + J).
+// Rows [r0, r0 + M) x output blocks [b, b + J). Per 32-input block: int32 sums of weight x hi and weight x lo
+// (vpdpbusd), combined exactly as 256 hi-sum + lo-sum, then scaled in fp32.
 template <int M, int J, int BITS>
 void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y, int64_t b) {
   const int64_t k = w.k, ng = w.groups(), nb32 = k / 32, per_group = w.group / 32;
-  {
-    __m512 acc[J][M];
-    for (int j = 0; j < J; ++j)
-      for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-      __m512 gacc[J][M];
-      for (int j = 0; j < J; ++j)
-        for (int m = 0; m < M; ++m) gacc[j][m] = _mm512_setzero_ps();
-      for (int64_t blk = g * per_group; blk < (g + 1) * per_group; ++blk) {
-        __m512i ia[J][M];
-        const int32_t* xq[M];
-        for (int m = 0; m < M; ++m) {
-          xq[m] = reinterpret_cast<const int32_t*>(a.q.data() + (r0 + m) * k + blk * 32);
-          const __m512i init = BITS == 8 ? _mm512_set1_epi32(-128 * a.qsum[(r0 + m) * nb32 + blk])
+  __m512 acc[J][M];
+  for (int j = 0; j < J; ++j)
+    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512 sc[J];
+    for (int j = 0; j < J; ++j) sc[j] = load_half16(w.scale + ((b + j) * ng + g) * kBlockN);
+    for (int64_t blk = g * per_group; blk < (g + 1) * per_group; ++blk) {
+      __m512i ih[J][M], il[J][M];
+      const int32_t *xh[M], *xl[M];
+      for (int m = 0; m < M; ++m) {
+        xh[m] = reinterpret_cast<const int32_t*>(a.hi.data() + (r0 + m) * k + blk * 32);
+        xl[m] = reinterpret_cast<const int32_t*>(a.lo.data() + (r0 + m) * k + blk * 32);
+        for (int j = 0; j < J; ++j) ih[j][m] = il[j][m] = _mm512_setzero_si512();
+      }
+      if constexpr (BITS == 8) {
+        for (int s = 0; s < 8; ++s)
+          for (int j = 0; j < J; ++j) {
+            const __m512i wv = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 8 + s) * 64);
+            for (int m = 0; m < M; ++m) {
+              ih[j][m] = _mm512_dpbusd_epi32(ih[j][m], wv, _mm512_set1_epi32(xh[m][s]));
+              il[j][m] = _mm512_dpbusd_epi32(il[j][m], wv, _mm512_set1_epi32(xl[m][s]));
+            }
+          }
+      } else {
+        for (int s = 0; s < 8; s += 2)
+          for (int j = 0; j < J; ++j) {
+            const __m512i v = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 4 + s / 2) * 64);
+            const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
+            for (int m = 0; m < M; ++m) {
+              ih[j][m] = _mm512_dpbusd_epi32(ih[j][m], lo, _mm512_set1_epi32(xh[m][s]));
+              ih[j][m] = _mm512_dpbusd_epi32(ih[j][m], hi, _mm512_set1_epi32(xh[m][s + 1]));
+              il[j][m] = _mm512_dpbusd_epi32(il[j][m], lo, _mm512_set1_epi32(xl[m][s]));
+              il[j][m] = _mm512_dpbusd_epi32(il[j][m], hi, _mm512_set1_epi32(xl[m][s + 1]));
+            }
+          }
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m512 xs = _mm512_set1_ps(a.scale[(r0 + m) * nb32 + blk]);
+        // 8-bit weights are stored as q + 128: take 128 x the block's sum of x back out
+        const __m512i offset = BITS == 8 ? _mm512_set1_epi32(-128 * a.qsum[(r0 + m) * nb32 + blk])
                                          : _mm512_setzero_si512();
-          for (int j = 0; j < J; ++j) ia[j][m] = init;
-        }
-        if constexpr (BITS == 8) {
-          for (int s = 0; s < 8; ++s)
-            for (int j = 0; j < J; ++j) {
-              const __m512i wv = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 8 + s) * 64);
-              for (int m = 0; m < M; ++m) ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], wv, _mm512_set1_epi32(xq[m][s]));
-            }
-        } else {
-          for (int s = 0; s < 8; s += 2)
-            for (int j = 0; j < J; ++j) {
-              const __m512i v = _mm512_loadu_si512(w.q + (b + j) * w.block_bytes() + (blk * 4 + s / 2) * 64);
-              const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
-              for (int m = 0; m < M; ++m) {
-                ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], lo, _mm512_set1_epi32(xq[m][s]));
-                ia[j][m] = _mm512_dpbusd_epi32(ia[j][m], hi, _mm512_set1_epi32(xq[m][s + 1]));
-              }
-            }
-        }
-        for (int m = 0; m < M; ++m) {
-          const __m512 xs = _mm512_set1_ps(a.scale[(r0 + m) * nb32 + blk]);
-          for (int j = 0; j < J; ++j) gacc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[j][m]), xs, gacc[j][m]);
+        for (int j = 0; j < J; ++j) {
+          const __m512i total = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(ih[j][m], 8), il[j][m]), offset);
+          acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(xs, sc[j]), acc[j][m]);
         }
       }
+    }
+    if constexpr (BITS == 4) {
       for (int j = 0; j < J; ++j) {
-        const int64_t at = ((b + j) * ng + g) * kBlockN;
-        const __m512 sc = load_half16(w.scale + at);
-        for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(gacc[j][m], sc, acc[j][m]);
-        if constexpr (BITS == 4) {
-          const __m512 mn = load_half16(w.min + at);
-          for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.gsum[(r0 + m) * ng + g]), acc[j][m]);
-        }
+        const __m512 mn = load_half16(w.min + ((b + j) * ng + g) * kBlockN);
+        for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.gsum[(r0 + m) * ng + g]), acc[j][m]);
       }
     }
-    for (int j = 0; j < J; ++j) {
-      const __m512 bv = bias ? _mm512_loadu_ps(bias + (b + j) * kBlockN) : _mm512_setzero_ps();
-      for (int m = 0; m < M; ++m) store_bf16(y + (r0 + m) * w.n + (b + j) * kBlockN, _mm512_add_ps(acc[j][m], bv));
-    }
+  }
+  for (int j = 0; j < J; ++j) {
+    const __m512 bv = bias ? _mm512_loadu_ps(bias + (b + j) * kBlockN) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) store_bf16(y + (r0 + m) * w.n + (b + j) * kBlockN, _mm512_add_ps(acc[j][m], bv));
   }
 }
 
@@ -191,12 +217,14 @@ template <int BITS>
 void gemm_range(int64_t m, const QuantView& w, const QuantRows& a, const float* bias, uint16_t* y, int64_t b0,
                 int64_t b1) {
   constexpr int kRows = 4;
-  const int64_t j_rows = m <= 2 ? 4 : 2;  // more blocks at once where fewer rows share each weight load
+  const int64_t j_rows = m <= 1 ? 4 : m <= 2 ? 2 : 1;  // more blocks at once where fewer rows share each load
   int64_t b = b0;
   for (; b + j_rows <= b1; b += j_rows)
     for (int64_t r = 0; r < m; r += kRows) {
-      if (j_rows == 4) tile_rows<4, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
-      else tile_rows<2, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
+      const int64_t rows = std::min<int64_t>(kRows, m - r);
+      if (j_rows == 4) tile_rows<4, BITS>(rows, w, a, r, bias, y, b);
+      else if (j_rows == 2) tile_rows<2, BITS>(rows, w, a, r, bias, y, b);
+      else tile_rows<1, BITS>(rows, w, a, r, bias, y, b);
     }
   for (; b < b1; ++b)
     for (int64_t r = 0; r < m; r += kRows) tile_rows<1, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
@@ -209,8 +237,12 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(m >= 1, "quant_gemm: no rows");
   const QuantView w = view_of(q, scale, min, bits, group, n, k);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const QuantRows rows = quantize_rows(xf.data_ptr<float>(), m, k, group);
+  const at::Tensor xc = x.contiguous();
+  // the calling thread's buffers, passed by pointer: inside the parallel lambdas the name of a thread_local
+  // would mean each worker's own (empty) instance
+  thread_local QuantRows buffers;
+  const QuantRows* rows = &buffers;
+  quantize_rows(buffers, reinterpret_cast<const uint16_t*>(xc.data_ptr()), m, k, group);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "quant_gemm: bias must be [N]");
@@ -220,8 +252,8 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   at::parallel_for(0, n / kBlockN, 4, [&](int64_t b0, int64_t b1) {
-    if (bits == 8) gemm_range<8>(m, w, rows, bp, yp, b0, b1);
-    else gemm_range<4>(m, w, rows, bp, yp, b0, b1);
+    if (bits == 8) gemm_range<8>(m, w, *rows, bp, yp, b0, b1);
+    else gemm_range<4>(m, w, *rows, bp, yp, b0, b1);
   });
   return y;
 }

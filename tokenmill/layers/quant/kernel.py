@@ -47,6 +47,7 @@ class QuantLinearKernel:
         self.out_features, self.in_features = qw.q.shape
         self.bits, self.group = qw.bits, qw.group
         self.bias = bias.detach().to(dtype) if bias is not None else None
+        self.bias_f32 = self.bias.float() if self.bias is not None else None  # what the VNNI kernel adds
         self.native = (dtype == torch.bfloat16 and self.out_features % _BLOCK == 0 and qw.group % 32 == 0
                        and kernels.quant_kernels_available())
         if self.native:
@@ -75,7 +76,7 @@ class QuantLinearKernel:
         if x.dim() != 2:
             return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
         if x.shape[0] <= VNNI_MAX_ROWS:
-            return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias, self.bits,
+            return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
                                                          self.group, self.out_features)
         return self._dequantized_matmul(x)
 
