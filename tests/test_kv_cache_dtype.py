@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_attention_backends import CASES, SHARED_PREFIX_CASES, _case, _shared_prefix_case
 
+import tokenmill.kernels as kernels
 from tokenmill import LLM, SamplingParams
 from tokenmill.attention.ops import KV_CACHE_DTYPES, dequantize_kv, quantize_kv, write_kv
 from tokenmill.attention.registry import get_backend
@@ -104,3 +105,42 @@ def test_engine_with_a_quantized_cache_follows_the_unquantized_one(name, tiny_mo
 def test_unknown_kv_cache_dtype_names_the_flag():
     with pytest.raises(ValueError, match="--kv-cache-dtype 'fp4' is not supported"):
         LLM(kv_cache_dtype="fp4", kv_cache_memory="16MiB")
+
+
+@pytest.mark.skipif(not kernels.native_kernels_for(torch.empty(0, dtype=torch.bfloat16)),
+                    reason="the native kernels need AVX-512 BF16")
+@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 2, 32)])
+def test_rope_and_cache_writes_the_quantized_values_write_kv_writes(name, hq, hkv, d):
+    """The fused kernel's cache write (value / scale, saturated, rounded to nearest even) stores what the torch
+    path stores; fp8 goes through fp16 there, so a value may land one step away where that double rounding
+    differs (never more)."""
+    from tokenmill.layers.rotary import RotaryEmbedding
+
+    t, block_size, num_blocks = 13, 4, 8
+    rope = RotaryEmbedding(d, 256, {"rope_theta": 10000.0, "rope_type": "default"})
+    positions = torch.arange(t) * 7
+    slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(0))[:t]
+    g = torch.Generator().manual_seed(1)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).bfloat16()
+    qkv[0, hq * d] = 1e30  # saturates (position 0: the rotation is the identity)
+    qkv[1, hq * d: hq * d + 8] = 1e-6  # fp8 subnormals / zero
+    dtype, limit = KV_CACHE_DTYPES[name]
+    ks, vs = (0.03, 0.05) if name == "int8" else (0.5, 2.0)
+    cache = torch.zeros(2, num_blocks, block_size, hkv, d, dtype=dtype)
+    q = torch.empty(t, hq, d, dtype=torch.bfloat16)
+    fused_qkv = qkv.clone()
+    torch.ops.tokenmill.rope_and_cache(q, fused_qkv, positions, rope.cos, rope.sin, cache[0], cache[1], slots, hq,
+                                       hkv, ks, vs)
+    k_rotated = fused_qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
+    ref = torch.zeros_like(cache)
+    write_kv(ref, k_rotated, v, slots, ks, vs)
+    got, want = cache.view(2, -1, hkv, d)[:, slots].float(), ref.view(2, -1, hkv, d)[:, slots].float()
+    step = PRECISION[name] * 2 * want.abs() if name != "int8" else torch.ones_like(want)
+    assert ((got - want).abs() <= step + 2**-9).all()
+    assert (got == want).float().mean() > 0.99
+    assert got[0, 0, 0, 0] == limit  # saturated, not inf or NaN
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert not cache.view(2, -1, hkv, d)[:, untouched].float().any()

@@ -53,18 +53,20 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        if self.native and self.attn.kv_cache.dtype == torch.bfloat16:
+        if self.native and not self.attn.calibrate:  # (scales are calibrated on the torch path's rotated K)
             out = self._rope_cache_attend(positions, qkv, md)
         else:
             out = self._attend(positions, qkv, md)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
     def _rope_cache_attend(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        """One native pass rotates q and k and writes K/V into the paged cache, then the backend attends."""
+        """One native pass rotates q and k and writes K/V into the paged cache (bf16 or quantized), then the
+        backend attends."""
         q = torch.empty(qkv.shape[0], self.num_heads, self.head_dim, dtype=qkv.dtype)
         cache = self.attn.kv_cache
         torch.ops.tokenmill.rope_and_cache(q, qkv, positions, self.rotary.cos, self.rotary.sin, cache[0], cache[1],
-                                           md.slot_mapping, self.num_heads, self.num_kv_heads)
+                                           md.slot_mapping, self.num_heads, self.num_kv_heads, self.attn.k_scale,
+                                           self.attn.v_scale)
         _, k, v = self.qkv_proj.split(qkv)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)

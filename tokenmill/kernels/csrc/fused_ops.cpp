@@ -2,7 +2,8 @@
 //   rms_norm            out = x * rsqrt(mean(x^2) + eps) * w
 //   add_rms_norm        residual += x; x = rms_norm(residual)       (both in place)
 //   silu_and_mul        out = silu(gate) * up, from the fused [T, 2I] gate_up product
-//   rope_and_cache      q_out = rope(q); k = rope(k) in place; K/V written to their paged-cache slots
+//   rope_and_cache      q_out = rope(q); k = rope(k) in place; K/V written to their paged-cache slots (bf16, or
+//                       quantized: value / scale saturated to fp8 e4m3, fp8 e5m2 or int8, rounded to nearest even)
 //   argmax_rows         greedy sampling straight from bf16 logits (first maximum on ties)
 // Eager torch spends more time dispatching these (5-10 small ops each) than computing them at decode sizes.
 
@@ -123,31 +124,70 @@ inline void rope_head(bf16* out, const bf16* x, const float* cos, const float* s
   }
 }
 
+// Quantized cache values from 16 fp32 values already divided by their scale: saturated to the format's range and
+// rounded to nearest even. fp8 goes through fp16 (e5m2 is fp16's top byte; e4m3 is fp16 of x / 2^8 shifted down
+// by 7 bits), which handles the subnormals with no special case.
+enum class KvFormat { kBF16, kE4M3, kE5M2, kInt8 };
+
+inline __m128i round_fp16_down(__m256i h, int shift) {  // round-to-nearest-even drop of `shift` low bits
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi16(h, shift), _mm256_set1_epi16(1));
+  const __m256i half = _mm256_set1_epi16(static_cast<int16_t>((1 << (shift - 1)) - 1));
+  return _mm256_cvtepi16_epi8(_mm256_srli_epi16(_mm256_add_epi16(h, _mm256_add_epi16(half, lsb)), shift));
+}
+
+template <KvFormat F>
+inline __m128i encode16(__m512 v) {
+  if constexpr (F == KvFormat::kInt8) {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v));
+  } else if constexpr (F == KvFormat::kE5M2) {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-57344.0f)), _mm512_set1_ps(57344.0f));
+    return round_fp16_down(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 8);
+  } else {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-448.0f)), _mm512_set1_ps(448.0f));
+    const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(v, _mm512_set1_ps(1.0f / 256.0f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i mag = round_fp16_down(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), 7);
+    const __m128i sign = _mm256_cvtepi16_epi8(_mm256_and_si256(_mm256_srli_epi16(h, 8), _mm256_set1_epi16(0x80)));
+    return _mm_or_si128(mag, sign);
+  }
+}
+
+// n (a multiple of 16) bf16 values into the cache row `dst` in format F.
+template <KvFormat F>
+inline void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_scale) {
+  if constexpr (F == KvFormat::kBF16) {
+    std::memcpy(dst, src, n * sizeof(bf16));
+  } else {
+    auto* out = reinterpret_cast<uint8_t*>(dst);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __m512 v = _mm512_mul_ps(load16(src + j, 0xFFFF), _mm512_set1_ps(inv_scale));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), encode16<F>(v));
+    }
+  }
+}
+
 // qkv: [T, (Hq + 2 Hkv) * D] from the fused projection. q_out: [T, Hq, D]. k (rotated) stays in qkv and is copied
 // with v into k_cache / v_cache [N, block_size, Hkv, D] at slot_mapping[t] (flat slot = block * block_size + i).
-void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
-                    const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                    int64_t hq, int64_t hkv) {
-  check_rows(qkv, "qkv");
-  TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous(), "cos/sin tables must be contiguous fp32");
-  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16, "bf16 cache");
+template <KvFormat F>
+void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                         const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
+                         int64_t hq, int64_t hkv, float k_scale, float v_scale) {
   const int64_t d = cos.size(1), row = qkv.stride(0);
-  TORCH_CHECK(qkv.size(1) == (hq + 2 * hkv) * d, "qkv width does not match the heads");
-  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.stride(2) == d && k_cache.size(2) == hkv, "cache rows");
   auto pos = positions.to(at::kLong).contiguous();
   auto slots = slot_mapping.to(at::kLong).contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   auto* qkvp = reinterpret_cast<bf16*>(qkv.data_ptr());
   auto* qo = reinterpret_cast<bf16*>(q_out.data_ptr());
-  auto* kc = reinterpret_cast<bf16*>(k_cache.data_ptr());
-  auto* vc = reinterpret_cast<bf16*>(v_cache.data_ptr());
-  const int64_t bs = k_cache.size(1), kb = k_cache.stride(0), ks = k_cache.stride(1);
-  const int64_t vb = v_cache.stride(0), vs = v_cache.stride(1);
+  auto* kc = reinterpret_cast<char*>(k_cache.data_ptr());
+  auto* vc = reinterpret_cast<char*>(v_cache.data_ptr());
+  const int64_t item = k_cache.element_size();
+  const int64_t bs = k_cache.size(1), kb = k_cache.stride(0) * item, ks = k_cache.stride(1) * item;
+  const int64_t vb = v_cache.stride(0) * item, vs = v_cache.stride(1) * item;
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
+  const float ik = 1.0f / k_scale, iv = 1.0f / v_scale;
   at::parallel_for(0, qkv.size(0), 4, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       bf16* r = qkvp + t * row;
@@ -157,10 +197,40 @@ void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& position
       bf16* k = r + hq * d;
       for (int64_t h = 0; h < hkv; ++h) rope_head(k + h * d, k + h * d, c, s, d);
       const int64_t slot = sp[t], blk = slot / bs, off = slot % bs;
-      std::memcpy(kc + blk * kb + off * ks, k, hkv * d * sizeof(bf16));
-      std::memcpy(vc + blk * vb + off * vs, k + hkv * d, hkv * d * sizeof(bf16));
+      store_cache_row<F>(kc + blk * kb + off * ks, k, hkv * d, ik);
+      store_cache_row<F>(vc + blk * vb + off * vs, k + hkv * d, hkv * d, iv);
     }
   });
+}
+
+void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                    const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
+                    int64_t hq, int64_t hkv, double k_scale, double v_scale) {
+  check_rows(qkv, "qkv");
+  TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos/sin tables must be contiguous fp32");
+  const int64_t d = cos.size(1);
+  TORCH_CHECK(qkv.size(1) == (hq + 2 * hkv) * d, "qkv width does not match the heads");
+  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.stride(2) == d && k_cache.size(2) == hkv, "cache rows");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches of one dtype");
+  const auto kv = k_cache.scalar_type();
+  TORCH_CHECK(kv == at::kBFloat16 || (hkv * d) % 16 == 0, "a quantized cache needs rows of whole 16 values");
+  const float ksc = static_cast<float>(k_scale), vsc = static_cast<float>(v_scale);
+  if (kv == at::kBFloat16)
+    rope_and_cache_impl<KvFormat::kBF16>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                         ksc, vsc);
+  else if (kv == at::kFloat8_e4m3fn)
+    rope_and_cache_impl<KvFormat::kE4M3>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                         ksc, vsc);
+  else if (kv == at::kFloat8_e5m2)
+    rope_and_cache_impl<KvFormat::kE5M2>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                         ksc, vsc);
+  else if (kv == at::kChar)
+    rope_and_cache_impl<KvFormat::kInt8>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                         ksc, vsc);
+  else
+    TORCH_CHECK(false, "rope_and_cache: KV cache dtype ", kv, " is not supported");
 }
 
 // The index of each row's largest value (the first one on ties), without converting the logits to fp32.
@@ -199,7 +269,8 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor w, float eps) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
   m.def("rope_and_cache(Tensor(a!) q_out, Tensor(b!) qkv, Tensor positions, Tensor cos, Tensor sin, "
-        "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, int hq, int hkv) -> ()");
+        "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, int hq, int hkv, float k_scale=1.0, "
+        "float v_scale=1.0) -> ()");
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 
