@@ -58,6 +58,7 @@ class ModeResult:
     linear_weight_mib: float | None = None
     kv_bytes_per_token: int | None = None
     seconds: float | None = None
+    dtype: str | None = None
     error: str | None = None
 
 
@@ -110,6 +111,7 @@ def _measure(mode: str, base: dict, ns, ref_answers) -> tuple[ModeResult, list[l
     except ValueError as e:  # a mode this model cannot take (a group size that does not divide, gguf on a folder)
         res.error = str(e).splitlines()[0]
         return res, None
+    res.dtype = llm.config.model_config.dtype
     res.linear_weight_mib = linear_weight_bytes(llm.engine_core.executor.runner.model) / 2**20
     res.kv_bytes_per_token = llm.config.cache_config.kv_bytes_per_token(llm.config.model_config)
     res.perplexity = perplexity(llm, corpus_windows(llm.tokenizer, ns.window))
@@ -158,8 +160,10 @@ def run_quality(ns: argparse.Namespace) -> int:
         print(f"{mode}: " + (res.error or f"perplexity {res.perplexity:.3f}, greedy identical "
                                             f"{res.greedy_identical * 100:.0f}% ({res.seconds:.1f} s)"), flush=True)
     table = format_table(results, ns.max_tokens)
-    emit({"max_tokens": ns.max_tokens, "window": ns.window, "results": [dataclasses.asdict(r) for r in results]},
-         "Quality benchmark", ns.output_json)
+    dtype = next((r.dtype for r in results if r.dtype), base.get("dtype"))
+    emit({"dtype": dtype, "max_tokens": ns.max_tokens, "window": ns.window, "prefill_chunk": ns.prefill_chunk,
+          "results": [dataclasses.asdict(r) for r in results]}, "Quality benchmark", ns.output_json)
+    print(f"(activations and unquantized weights in {dtype}; the first mode is the reference)")
     print(table)
     return 0
 

@@ -38,10 +38,10 @@ def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 class QuantLinearKernel:
-    """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): 1-4 rows on the
-    skinny kernel that streams the packed bytes; more rows dequantize w^T a cache-sized piece at a time for
-    oneDNN's bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is kept dequantized in the
-    model dtype and F.linear runs: the reference path."""
+    """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): up to
+    VNNI_MAX_ROWS rows on the VNNI kernel, which reads the packed bytes once per call; more rows dequantize w^T a
+    cache-sized piece at a time for oneDNN's bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is
+    kept dequantized in the model dtype and F.linear runs: the reference path."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
         self.out_features, self.in_features = qw.q.shape
