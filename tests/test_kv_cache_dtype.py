@@ -17,6 +17,7 @@ QUANTIZED = ["fp8", "fp8_e5m2", "int8"]
 # largest relative error of one stored value (of the scale's range for int8)
 PRECISION = {"fp8": 2**-4, "fp8_e5m2": 2**-3, "int8": 0.5 / 127}
 SCALES = (0.04, 0.045)  # int8's K and V: ranges of +-5.1 and +-5.7, above every randn value here
+LOGPROB_BOUND = {"fp8": 0.35, "int8": 0.35}  # measured: 0.17 and 0.20
 ATTENTION_BOUND = {"fp8": 4.5 * 2**-4 * 1.5, "fp8_e5m2": 4.5 * 2**-3 * 1.5, "int8": 0.08}
 
 
@@ -85,21 +86,24 @@ def test_same_memory_holds_twice_the_blocks(tiny_model_dir):
 
 
 @pytest.mark.parametrize("name", ["fp8", "int8"])
-def test_engine_with_a_quantized_cache_follows_the_unquantized_one(name, tiny_model_dir):
-    """fp32 tiny model: int8 calibrates its scales on the warm-up step; the first token (from the prompt's fresh
-    K/V) is the unquantized one's, and the later ones read the quantized cache. (The tiny random model's
-    next-token distribution is nearly flat, so only the first token is compared here; `tokenmill bench
-    quality` measures what each KV dtype costs on the real model.)"""
-    folder = str(tiny_model_dir("qwen2"))
-    prompts = [{"prompt_token_ids": list(range(200, 260))}, {"prompt_token_ids": [7, 8, 9, 10]}]
-    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    ref = [o.outputs[0].token_ids for o in LLM(folder, dtype="float32", kv_cache_memory="16MiB")
-           .generate(prompts, sp, use_tqdm=False)]
-    llm = LLM(folder, dtype="float32", kv_cache_memory="16MiB", kv_cache_dtype=name)
+def test_engine_with_a_quantized_cache_follows_the_unquantized_one(name, smol_llm, smol_tokenizer):
+    """SmolLM2 in fp32: int8 calibrates its scales on the warm-up step, and each token generated while reading
+    the quantized cache gets nearly the logprob that the unquantized engine gives the same sequence (largest
+    gaps measured: 0.17 for fp8, 0.20 for int8). The exactness of each read is tested above, per backend."""
+    llm = LLM(dtype="float32", kv_cache_memory="64MiB", kv_cache_dtype=name)
     layer = llm.engine_core.executor.runner.model.attention_layers()[0]
     assert (layer.k_scale != 1.0) == (name == "int8") and not layer.calibrate
-    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
-    assert [o[0] for o in ours] == [r[0] for r in ref] and all(len(o) == 8 for o in ours)
+    prompts = [smol_tokenizer(t).input_ids for t in ("The history of the printing press began",
+                                                     "def add(a, b):\n    return")]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        tokens = out.outputs[0].token_ids
+        ours = [d[t].logprob for d, t in zip(out.outputs[0].logprobs, tokens)]
+        scored = smol_llm.generate({"prompt_token_ids": prompt + tokens},
+                                   SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        theirs = [d[t].logprob for d, t in zip(scored[0].prompt_logprobs[len(prompt):], tokens)]
+        assert max(abs(a - b) for a, b in zip(ours, theirs)) < LOGPROB_BOUND[name]
 
 
 def test_unknown_kv_cache_dtype_names_the_flag():

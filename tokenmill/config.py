@@ -16,8 +16,11 @@ from tokenmill.utils import format_bytes, init_logger, parse_bytes
 logger = init_logger(__name__)
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# --kv-cache-dtype -> bytes per stored value (None: the model dtype's)
+# --kv-cache-dtype -> bytes per stored value (None: the model dtype's); attention/ops.py maps them to storage
 KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+# --quantization and --quantization-group-size (layers/quant/methods.py implements them)
+QUANTIZATION_METHODS = ("int8", "int4", "gguf")
+GROUP_SIZES = (32, 64, 128)
 # Fraction of free memory the KV cache may take when --kv-cache-memory is not given, and its ceiling.
 _DEFAULT_KV_FRACTION = 0.25
 _DEFAULT_KV_CEILING = 4 << 30
@@ -40,9 +43,9 @@ class EngineArgs:
                                           "--quantization-group-size, a scale and a minimum each), or gguf (a "
                                           ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are). Default: none "
                                           "(weights in --dtype; a .gguf file is dequantized).",
-                                    choices=["int8", "int4", "gguf"])
+                                    choices=list(QUANTIZATION_METHODS))
     quantization_group_size: int = _arg(32, "Inputs per int4 group (32, 64 or 128; it must divide every layer's "
-                                            "input size).", choices=[32, 64, 128])
+                                            "input size).", choices=list(GROUP_SIZES))
     kv_cache_dtype: str = _arg("auto", "KV-cache dtype: auto (the model dtype), fp8 (= fp8_e4m3, as in vLLM), "
                                        "fp8_e5m2, or int8; one byte a value, so a cache of the same memory "
                                        "holds twice the blocks of a bf16 one. One scale per layer for K and "

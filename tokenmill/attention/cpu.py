@@ -68,7 +68,7 @@ class CpuPagedBackend(AttentionBackend):
             self._cascade(out, q, kv_cache, md, plan, scale, scales)
         elif plan.kernel_rows is not None:
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                     plan.kernel_rows, scale, k_scale=k_scale, v_scale=v_scale)
+                     plan.kernel_rows, scale, 0, None, k_scale, v_scale)
         prompt_row = amx_prompt_row if self._amx_takes(q) else sdpa_prompt_row
         for i in plan.sdpa_rows:
             prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
@@ -83,7 +83,7 @@ class CpuPagedBackend(AttentionBackend):
         prefix = plan.prefix
         lse_tail = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
         self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail, k_scale=scales[0], v_scale=scales[1])
+                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail, scales[0], scales[1])
         rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
         group = hq // hkv
         qr = q if prefix.all_tokens else q[prefix.token_index]

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import torch
 
-# --kv-cache-dtype name -> (storage dtype, largest stored magnitude); "auto" keeps the model dtype.
+from tokenmill.config import KV_CACHE_DTYPES as CONFIG_KV_NAMES
+
+# The quantized --kv-cache-dtype names (config.KV_CACHE_DTYPES but "auto", which keeps the model dtype) ->
+# (storage dtype, largest stored magnitude).
 KV_CACHE_DTYPES = {
     "fp8": (torch.float8_e4m3fn, 448.0),        # vLLM's meaning of fp8
     "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
     "fp8_e5m2": (torch.float8_e5m2, 57344.0),
     "int8": (torch.int8, 127.0),
 }
+assert set(KV_CACHE_DTYPES) == set(CONFIG_KV_NAMES) - {"auto"}, "config.KV_CACHE_DTYPES and this map disagree"
+_RANGE = {dtype: limit for dtype, limit in KV_CACHE_DTYPES.values()}
 
 
 def kv_storage_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -19,11 +24,11 @@ def kv_storage_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def is_quantized_kv(cache: torch.Tensor) -> bool:
-    return cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+    return cache.dtype in _RANGE
 
 
 def kv_range(dtype: torch.dtype) -> float:
-    return next(limit for d, limit in KV_CACHE_DTYPES.values() if d == dtype)
+    return _RANGE[dtype]
 
 
 def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:

@@ -95,13 +95,16 @@ class LlamaMLP(nn.Module):
         self.act = _ACTIVATIONS[act]
         self.is_silu = act == "silu"
         self.native = False
+        self.gated = None  # the gate/up kernel's fused silu-and-mul, where it has one
 
     def process_weights_after_loading(self) -> None:
+        """After gate_up_proj's own (its kernel decides whether a fused gated path exists)."""
         self.native = self.is_silu and kernels.native_kernels_for(self.gate_up_proj.weight)
+        self.gated = getattr(self.gate_up_proj.kernel, "silu_and_mul", None) if self.native else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and hasattr(self.gate_up_proj.kernel, "silu_and_mul"):
-            h = self.gate_up_proj.kernel.silu_and_mul(x)
+        if self.gated is not None:
+            h = self.gated(x)
             if h is not None:
                 return self.down_proj(h)
         gate_up = self.gate_up_proj(x)
@@ -163,7 +166,7 @@ class LlamaForCausalLM(nn.Module):
         self.logits_head = None
 
     def process_weights_after_loading(self) -> None:
-        for module in self.modules():
+        for module in reversed(list(self.modules())):  # children first: a parent may read their kernels
             if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
         if self.tied:  # the head gets its own copy of the embedding, packed or quantized

@@ -66,10 +66,6 @@ class QuantLinearKernel:
             return self.weight.numel() * self.weight.element_size()
         return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min) if t is not None)
 
-    def silu_and_mul(self, x: torch.Tensor) -> None:
-        """No fused gated path for quantized weights: the MLP runs the matmul, then silu_and_mul."""
-        return None
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.native:
             return F.linear(x, self.weight, self.bias)

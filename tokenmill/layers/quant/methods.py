@@ -10,11 +10,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tokenmill.config import GROUP_SIZES, QUANTIZATION_METHODS
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
-
-QUANTIZATION_METHODS = ("int8", "int4", "gguf")
-GROUP_SIZES = (32, 64, 128)
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
