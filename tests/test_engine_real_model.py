@@ -138,3 +138,14 @@ def test_engine_keeps_serving_after_a_bad_request(smol_llm):
     while core.has_unfinished_requests():
         finished += [o.request_id for o in core.step().outputs if o.finished]
     assert finished == ["good"]
+
+
+def test_chat_takes_one_sampling_params_per_conversation(smol_llm):
+    """vLLM's LLM.chat takes a list of SamplingParams as generate does: each conversation gets its own."""
+    conv = [{"role": "user", "content": "Name a colour."}]
+    outs = smol_llm.chat([conv, conv], [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                                        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)],
+                         use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 7]
+    with pytest.raises(ValueError, match="got 1 sampling_params for 2 prompts"):
+        smol_llm.chat([conv, conv], [SamplingParams()], use_tqdm=False)

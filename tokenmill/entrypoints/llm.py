@@ -39,19 +39,15 @@ class LLM:
                                                 isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else \
-            [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        params = _params_per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         # Validate everything before anything runs: a bad prompt must not leave half a batch behind.
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         return self._run(processed, params, priority, use_tqdm)
 
-    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              **template_kwargs: Any) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -59,8 +55,7 @@ class LLM:
                  for c in conversations]
         # the template already holds the special tokens: do not add a BOS again
         processed = [self.input_processor.process_prompt(t, add_special_tokens=False) for t in texts]
-        params = [sampling_params or SamplingParams()] * len(processed)
-        return self._run(processed, params, None, use_tqdm)
+        return self._run(processed, _params_per_prompt(sampling_params, len(processed)), None, use_tqdm)
 
     def _run(self, processed, params, priority, use_tqdm: bool) -> list[RequestOutput]:
         ids = []
@@ -105,6 +100,16 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[rid] for rid in ids]
+
+
+def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                       n: int) -> list[SamplingParams]:
+    """One SamplingParams for all prompts, or one each (vLLM's generate and chat take both)."""
+    if isinstance(sampling_params, (list, tuple)):
+        if len(sampling_params) != n:
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
+        return list(sampling_params)
+    return [sampling_params or SamplingParams()] * n
 
 
 def _progress_bar(total: int):
