@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import math
 import time
 from pathlib import Path
@@ -37,16 +38,8 @@ MODES = {
     "kv-int8": {"kv_cache_dtype": "int8"},
 }
 
-CHATS = [
-    "What is the capital of France?", "Give me three tips for staying focused while studying.",
-    "Explain what a hash table is in two sentences.", "Write a haiku about autumn leaves.",
-    "How many legs does a spider have?", "Translate 'good morning' into Spanish and French.",
-    "What causes the seasons on Earth?", "Suggest a name for a small coffee shop.",
-    "Write a Python function that returns the square of a number.", "Why is the sky blue?",
-    "List four fruits that are red.", "What is the difference between weather and climate?",
-    "Summarize the story of Cinderella in one sentence.", "How do I boil an egg?",
-    "What is 15 multiplied by 4?", "Describe a cat to someone who has never seen one.",
-]
+# fixed chat prompts for the greedy agreement (sampled_chat.py in docs/benchmarks reads the same file)
+CHATS = json.loads((Path(__file__).parent / "data" / "chats.json").read_text())
 
 
 @dataclasses.dataclass

@@ -8,17 +8,10 @@ request, up to 128 tokens with natural stops; then one conversation alone, 256 t
 import argparse
 import json
 import time
+from pathlib import Path
 
-CHATS = [
-    "What is the capital of France?", "Give me three tips for staying focused while studying.",
-    "Explain what a hash table is in two sentences.", "Write a haiku about autumn leaves.",
-    "How many legs does a spider have?", "Translate 'good morning' into Spanish and French.",
-    "What causes the seasons on Earth?", "Suggest a name for a small coffee shop.",
-    "Write a Python function that returns the square of a number.", "Why is the sky blue?",
-    "List four fruits that are red.", "What is the difference between weather and climate?",
-    "Summarize the story of Cinderella in one sentence.", "How do I boil an egg?",
-    "What is 15 multiplied by 4?", "Describe a cat to someone who has never seen one.",
-]
+# the chat prompts of `tokenmill bench quality`, read as a file: this script also runs in vLLM's environment
+CHATS = json.loads((Path(__file__).resolve().parents[3] / "tokenmill/bench/data/chats.json").read_text())
 
 
 def main():
