@@ -69,6 +69,12 @@ class EngineArgs:
     served_model_name: str | None = _arg(None, "The model name the API reports and accepts.")
     cpu_bind: str = _arg("auto", "CPU threads of the engine: auto (one per physical core, each pinned to its "
                                  "own CPU), none (same count, not pinned), or a CPU list like '0-3'.")
+    speculative_config: str | dict | None = _arg(
+        None, "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\"|\"draft_model\"|\"eagle\"|\"eagle3\", "
+              "\"num_speculative_tokens\": k, ...}; ngram takes prompt_lookup_min/max, draft_model a \"model\" "
+              "folder (or none, with \"quantization\": \"int4\"|\"gguf\", for the target's own weights at 4 bits), "
+              "eagle a head folder; \"disable_by_batch_size\": N stops proposing above N running requests (default "
+              "4). Greedy output is unchanged; sampled output keeps its distribution.")
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 
@@ -82,10 +88,19 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         from tokenmill.model.loader import load_model_config
+        from tokenmill.spec_decode.config import check_against_max_model_len, parse_speculative_config
 
         model_config = load_model_config(self)
-        cache_config = _size_cache(self, model_config)
+        spec = parse_speculative_config(self.speculative_config)
+        draft = None
+        if spec is not None and spec.uses_model:
+            from tokenmill.spec_decode.draft_config import load_draft_model_config
+
+            draft = load_draft_model_config(spec, model_config, self)
+        cache_config = _size_cache(self, model_config, draft)
         max_model_len = _resolve_max_model_len(self, model_config, cache_config)
+        if spec is not None:
+            check_against_max_model_len(spec, max_model_len)
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
@@ -95,14 +110,16 @@ class EngineArgs:
             batched = max(batched, max_model_len)
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
-            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy)
+            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
+            num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
         if self.cpu_bind not in ("auto", "none"):
             from tokenmill.platform import parse_cpu_list
 
             parse_cpu_list(self.cpu_bind)
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
-                           attention_backend=self.attention_backend, cpu_bind=self.cpu_bind)
+                           attention_backend=self.attention_backend, cpu_bind=self.cpu_bind,
+                           speculative_config=spec, draft_model_config=draft)
         cfg.log_summary()
         return cfg
 
@@ -151,6 +168,7 @@ class SchedulerConfig:
     max_model_len: int
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
+    num_lookahead_tokens: int = 0       # KV slots a draft model writes past the scheduled tokens
 
 
 @dataclass(frozen=True)
@@ -161,6 +179,8 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str | None = None
     cpu_bind: str = "auto"
+    speculative_config: Any = None      # spec_decode.config.SpeculativeConfig
+    draft_model_config: ModelConfig | None = None
 
     def log_summary(self) -> None:
         m, c, s = self.model_config, self.cache_config, self.scheduler_config
@@ -171,6 +191,8 @@ class EngineConfig:
                     "request: %.2fx", c.num_blocks, c.block_size, c.num_tokens, format_bytes(kv_bytes),
                     m.dtype if c.cache_dtype == "auto" else c.cache_dtype, s.max_model_len,
                     c.num_tokens / s.max_model_len)
+        if self.speculative_config is not None:
+            logger.info("speculative decoding: %s", self.speculative_config.describe())
         if c.cache_dtype != "auto":
             logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
                         "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),
@@ -183,13 +205,15 @@ def _weights_label(m: ModelConfig) -> str:
     return m.quantization or "not quantized"
 
 
-def _size_cache(args: EngineArgs, m: ModelConfig) -> CacheConfig:
+def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = None) -> CacheConfig:
+    """Blocks that fit the KV budget; a draft model keeps its own cache of the same blocks, inside the budget."""
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {args.block_size}")
     if args.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not supported; choose one of "
                          f"{', '.join(KV_CACHE_DTYPES)}")
-    bytes_per_block = m.kv_bytes_per_token(args.kv_cache_dtype) * args.block_size
+    bytes_per_token = m.kv_bytes_per_token(args.kv_cache_dtype) + (draft.kv_bytes_per_token() if draft else 0)
+    bytes_per_block = bytes_per_token * args.block_size
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:

@@ -46,12 +46,13 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_new_computed_tokens: int = 0) -> list[KVCacheBlock] | None:
-        """Make room for `num_new_tokens` more tokens of `request`; None (and no change) if the pool cannot."""
+                       num_new_computed_tokens: int = 0, num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens of `request` (and `num_lookahead_tokens` past them, where a
+        draft model writes its own cache); None (and no change) if the pool cannot."""
         new_computed_blocks = new_computed_blocks or []
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_needed = cdiv(total_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        num_needed = cdiv(total_tokens + num_lookahead_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
         # cached blocks with no owner sit in the free queue: taking them uses up free blocks too
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if max(num_needed, 0) > self.pool.num_free_blocks - num_evictable_hits:
@@ -74,6 +75,17 @@ class KVCacheManager:
         if num_full > start:
             self.pool.cache_full_blocks(self.req_to_blocks[rid], request.block_hashes, start, num_full)
             self.num_cached_blocks[rid] = num_full
+
+    def trim(self, request: Request, num_tokens: int) -> int | None:
+        """Give back the blocks past the first `num_tokens` tokens (rejected drafts' slots); the number of blocks
+        kept if any went back, else None. Trimmed blocks hold no cached (full, known) tokens."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return None
+        self.pool.free_blocks(reversed(blocks[keep:]))
+        del blocks[keep:]
+        return keep
 
     def free(self, request: Request) -> None:
         """Give back a request's blocks, tail first, so its last blocks are evicted before its shared prefix."""

@@ -24,6 +24,7 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    num_kept_block_ids: int = -1   # >= 0: rejected drafts gave blocks back; keep this many before appending
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)    # finished or aborted since the last step
     preempted_req_ids: set[str] = field(default_factory=set)
+    # draft tokens to verify, per request: they are the last of its scheduled tokens
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,3 +47,4 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)   # drafts for the next step

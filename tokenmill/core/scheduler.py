@@ -5,6 +5,8 @@ There are no phases, only counters: each step every running request is handed
 recomputation after preemption all fall out of the same loop. Running requests go first, then waiting
 ones while budget, sequence slots and KV blocks last. When blocks run out, the lowest-priority (or newest)
 running request is preempted: its blocks go back and it is recomputed later; nothing is dropped.
+Speculative drafts are more of the same: a request's `spec_token_ids` are scheduled as extra tokens, and
+after verification the computed count steps back over the rejected ones, whose slots are given back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Scheduler:
         self.waiting = make_queue(scheduler_config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        self.kept_block_ids: dict[str, int] = {}   # requests whose rejected drafts gave blocks back since last step
         self.num_preemptions = 0
         self._stats = SchedulerStats()
         self.peak_blocks_in_use = 0
@@ -59,6 +62,7 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
+        self.kept_block_ids.pop(req.request_id, None)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
 
@@ -71,36 +75,49 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
-        budget = self._schedule_running(budget, num_scheduled, new_blocks, preempted)
+        spec: dict[str, list[int]] = {}
+        budget = self._schedule_running(budget, num_scheduled, new_blocks, preempted, spec)
         admitted: list[Request] = []
         if not preempted:
             self._schedule_waiting(budget, num_scheduled, admitted)
-        return self._build_output(num_scheduled, new_blocks, admitted, preempted)
+        return self._build_output(num_scheduled, new_blocks, admitted, preempted, spec)
 
     def _schedule_running(self, budget: int, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
-                          preempted: list[Request]) -> int:
+                          preempted: list[Request], spec: dict[str, list[int]]) -> int:
         i = 0
+        lookahead = self.config.num_lookahead_tokens
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens + self._num_useful_drafts(req), budget)
             if num_new <= 0:
                 i += 1
                 continue
-            blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
             while blocks is None:
                 victim = self._pick_victim(i)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
-                blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+                blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
             if blocks is None:
                 break  # the request itself was preempted: no room for anything after it either
             num_scheduled[req.request_id] = num_new
             new_blocks[req.request_id] = [b.block_id for b in blocks]
+            num_drafts = req.num_computed_tokens + num_new - req.num_tokens
+            if num_drafts > 0:
+                spec[req.request_id] = req.spec_token_ids[:num_drafts]
+            req.spec_token_ids = []
             budget -= num_new
             i += 1
         return budget
+
+    def _num_useful_drafts(self, req: Request) -> int:
+        """Drafts past the request's last allowed token are not verified: k drafts can yield k + 1 tokens."""
+        if not req.spec_token_ids:
+            return 0
+        room = min(req.max_tokens - req.num_output_tokens, self.config.max_model_len - req.num_tokens) - 1
+        return max(0, min(len(req.spec_token_ids), room))
 
     def _pick_victim(self, first: int) -> Request:
         """Only requests not yet scheduled this step are candidates, so no half-made step is undone."""
@@ -112,7 +129,9 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv_cache_manager.free(req)
+        self.kept_block_ids.pop(req.request_id, None)
         req.status = RequestStatus.PREEMPTED
+        req.spec_token_ids = []
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -128,7 +147,8 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            if kv.allocate_slots(req, num_new, computed_blocks, num_computed) is None:
+            if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
+                                 self.config.num_lookahead_tokens) is None:
                 break
             self.waiting.pop()
             self.running.append(req)
@@ -141,18 +161,21 @@ class Scheduler:
             admitted.append(req)
 
     def _build_output(self, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
-                      admitted: list[Request], preempted: list[Request]) -> SchedulerOutput:
+                      admitted: list[Request], preempted: list[Request],
+                      spec: dict[str, list[int]]) -> SchedulerOutput:
         kv = self.kv_cache_manager
         new_reqs = [NewRequestData(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, r.sampling_params,
                                    kv.get_block_ids(r.request_id), r.num_computed_tokens) for r in admitted]
-        cached = [CachedRequestData(rid, blocks, self.requests[rid].num_computed_tokens)
+        kept = self.kept_block_ids
+        cached = [CachedRequestData(rid, blocks, self.requests[rid].num_computed_tokens, kept.pop(rid, -1))
                   for rid, blocks in new_blocks.items()]
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
             self.requests[rid].status = RequestStatus.RUNNING
         out = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
                               finished_req_ids=self.finished_req_ids,
-                              preempted_req_ids={r.request_id for r in preempted})
+                              preempted_req_ids={r.request_id for r in preempted},
+                              scheduled_spec_decode_tokens=spec)
         self.finished_req_ids = set()
         self._track_peak()
         return out
@@ -172,16 +195,25 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None:
                 continue
-            self._count_tokens(req, sched.num_scheduled_tokens.get(rid, 0))
             new_ids = result.sampled_token_ids[idx]
+            num_rejected = self._verified(req, sched.scheduled_spec_decode_tokens.get(rid), new_ids)
+            self._count_tokens(req, sched.num_scheduled_tokens.get(rid, 0), num_rejected)
             prompt_lp = result.prompt_logprobs.get(rid)
             if not new_ids and prompt_lp is None:
                 continue
+            n = 0
             for tok in new_ids:
+                n += 1
                 req.append_output_token_ids(tok)
                 if self._check_stop(req, tok):
                     break
-            out = EngineCoreOutput(rid, new_ids, new_logprobs=result.logprobs.get(rid),
+            logprobs = result.logprobs.get(rid)
+            if n < len(new_ids):  # a stop among accepted drafts: what follows it was never said
+                new_ids = new_ids[:n]
+                logprobs = logprobs and (logprobs[0][:n], logprobs[1][:n], logprobs[2][:n])
+            elif rid in result.spec_token_ids and not req.status.finished:
+                req.spec_token_ids = result.spec_token_ids[rid]
+            out = EngineCoreOutput(rid, new_ids, new_logprobs=logprobs,
                                    new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0),
                                    scheduled_time=req.first_scheduled_time if req.num_output_tokens <= len(new_ids)
                                    else 0.0)
@@ -192,10 +224,32 @@ class Scheduler:
             outputs.append(out)
         return outputs
 
-    def _count_tokens(self, req: Request, n: int) -> None:
-        prompt_part = max(0, min(n, req.num_prompt_tokens - (req.num_computed_tokens - n)))
+    def _verified(self, req: Request, drafts: list[int] | None, new_ids: list[int]) -> int:
+        """Steps the computed count back over the rejected drafts, gives their slots back and counts acceptance;
+        returns how many were rejected."""
+        if not drafts:
+            return 0
+        num_accepted = max(len(new_ids) - 1, 0)
+        num_rejected = len(drafts) - num_accepted
+        req.num_computed_tokens -= num_rejected
+        s = self._stats
+        s.spec_num_drafts += 1
+        s.spec_num_draft_tokens += len(drafts)
+        s.spec_num_accepted_tokens += num_accepted
+        if len(s.spec_accepted_per_pos) < len(drafts):
+            s.spec_accepted_per_pos.extend([0] * (len(drafts) - len(s.spec_accepted_per_pos)))
+        for pos in range(num_accepted):
+            s.spec_accepted_per_pos[pos] += 1
+        if num_rejected:
+            kept = self.kv_cache_manager.trim(req, req.num_tokens + len(new_ids) + self.config.num_lookahead_tokens)
+            if kept is not None:
+                self.kept_block_ids[req.request_id] = kept
+        return num_rejected
+
+    def _count_tokens(self, req: Request, n: int, num_rejected: int = 0) -> None:
+        prompt_part = max(0, min(n, req.num_prompt_tokens - (req.num_computed_tokens + num_rejected - n)))
         self._stats.num_prompt_tokens += prompt_part
-        self._stats.num_generation_tokens += n - prompt_part
+        self._stats.num_generation_tokens += n - prompt_part - num_rejected
 
     def _check_stop(self, req: Request, token_id: int) -> bool:
         sp = req.sampling_params

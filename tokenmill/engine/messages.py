@@ -42,6 +42,10 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_preemptions: int = 0         # since the previous stats
     num_prompt_tokens: int = 0       # computed since the previous stats
     num_generation_tokens: int = 0
+    spec_num_drafts: int = 0         # verifications of drafts since the previous stats (vLLM's names)
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

@@ -40,6 +40,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.output_token_ids: list[int] = []
+        self.spec_token_ids: list[int] = []   # proposed drafts, verified when the request is next scheduled
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1       # prefix-cache hit at first scheduling; -1 until then

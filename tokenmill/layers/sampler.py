@@ -80,6 +80,12 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        return self.race(self.probs(logits, md), md.generators)
+
+    @staticmethod
+    def probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The distribution a sampled row draws from: temperature, top-k, top-p, then min-p (unnormalised
+        after min-p; the race does not need a sum of one)."""
         temp = torch.where(md.temperature < _EPS, torch.ones_like(md.temperature), md.temperature)
         logits = logits / temp[:, None]
         if md.top_k is not None:
@@ -89,8 +95,12 @@ class Sampler:
         probs = torch.softmax(logits, dim=-1)
         if md.min_p is not None:
             probs = probs.masked_fill(probs < md.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        return probs
+
+    def race(self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
+        """One draw per row from `probs` (any non-negative weights): argmax of p / q with q ~ Exp(1)."""
         q = torch.empty_like(probs).exponential_(generator=self.default_generator)
-        for row, gen in (md.generators or {}).items():
+        for row, gen in (generators or {}).items():
             q[row].exponential_(generator=gen)
         return (probs / q).max(dim=-1).indices
 

@@ -32,10 +32,19 @@ class CachedRequestState:
         return state
 
     def append_token(self, token_id: int) -> None:
-        if self.num_tokens == len(self.token_buf):
-            self.token_buf = np.concatenate([self.token_buf, np.zeros_like(self.token_buf)])
+        self._reserve(self.num_tokens + 1)
         self.token_buf[self.num_tokens] = token_id
         self.num_tokens += 1
+
+    def write_drafts(self, draft_ids: list[int]) -> None:
+        """Drafts go right after the known tokens, so a step's inputs are one slice of the buffer; they count
+        as tokens only once verified (append_token overwrites them)."""
+        self._reserve(self.num_tokens + len(draft_ids))
+        self.token_buf[self.num_tokens: self.num_tokens + len(draft_ids)] = draft_ids
+
+    def _reserve(self, n: int) -> None:
+        while n > len(self.token_buf):
+            self.token_buf = np.concatenate([self.token_buf, np.zeros_like(self.token_buf)])
 
     @property
     def token_ids(self) -> np.ndarray:

@@ -19,8 +19,10 @@ from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, gather_logprobs
 from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.profiling import StepProfile
+from tokenmill.spec_decode.rejection_sampler import rejection_sample
 from tokenmill.utils import format_bytes, init_logger
 from tokenmill.worker.input_batch import CachedRequestState
+from tokenmill.worker.varlen_batch import varlen_batch
 
 logger = init_logger(__name__)
 
@@ -31,8 +33,9 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_metadata: AttentionMetadata
-    logits_indices: np.ndarray     # token index of each sampling row
+    logits_indices: np.ndarray     # token index of each sampling row (with drafts: one per draft, then the last)
     sampling_rows: list[int]       # batch rows that sample this step
+    draft_ids: list[list[int]]     # per sampling row: the drafts verified this step (most often none)
 
 
 class ModelRunner:
@@ -49,12 +52,18 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.profile = StepProfile()
+        self.proposer = None
+        spec = config.speculative_config
+        self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
 
     def load_model(self) -> None:
+        from tokenmill.spec_decode.proposer import make_proposer
+
         backend = get_backend(self.config.attention_backend, self.device)
         logger.info("attention backend: %s", backend.name)
         self.model = load_model(self.config.model_config, backend, self.device,
                                 self.config.scheduler_config.max_model_len)
+        self.proposer = make_proposer(self.config, backend, self.device)
 
     def initialize_kv_cache(self) -> None:
         m, c = self.config.model_config, self.config.cache_config
@@ -67,6 +76,8 @@ class ModelRunner:
         total = sum(t.numel() * t.element_size() for t in self.kv_caches)
         logger.info("allocated KV cache: %d layers x %s %s = %s", m.num_layers, tuple(shape), str(dtype).split(".")[-1],
                     format_bytes(total))
+        if self.proposer is not None:
+            self.proposer.initialize_kv_cache(c.num_blocks + 1, c.block_size)
 
     # ---- state updates -------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -75,6 +86,9 @@ class ModelRunner:
             self.generators.pop(rid, None)
         for rid in so.preempted_req_ids:
             self.requests.pop(rid, None)
+        if self.proposer is not None:
+            self.proposer.forget(so.finished_req_ids | so.preempted_req_ids |
+                                 {new.req_id for new in so.scheduled_new_reqs})
         for new in so.scheduled_new_reqs:
             sp = new.sampling_params
             gen = self.generators.get(new.req_id)
@@ -86,35 +100,31 @@ class ModelRunner:
                 new.req_id, new.token_ids, new.num_prompt_tokens, sp, new.block_ids, new.num_computed_tokens, gen)
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
+            if cached.num_kept_block_ids >= 0:
+                del state.block_ids[cached.num_kept_block_ids:]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         req_ids = list(so.num_scheduled_tokens)
         states = [self.requests[r] for r in req_ids]
+        drafts = so.scheduled_spec_decode_tokens
+        for rid, d in drafts.items():
+            self.requests[rid].write_drafts(d)
         n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         start = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int64, count=len(states))
-        qsl = np.zeros(len(req_ids) + 1, dtype=np.int64)
-        np.cumsum(n, out=qsl[1:])
-        total = int(qsl[-1])
-        req_idx = np.repeat(np.arange(len(req_ids)), n)
-        positions = start[req_idx] + np.arange(total) - qsl[req_idx]
-        input_ids = np.concatenate([s.token_buf[b: b + k] for s, b, k in zip(states, start, n)])
-        max_blocks = max(len(s.block_ids) for s in states)
-        block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
-        for i, s in enumerate(states):
-            block_table[i, : len(s.block_ids)] = s.block_ids
-        bs = self.block_size
-        slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = start + n
+        input_ids, positions, md = varlen_batch(states, start, n, self.block_size)
+        qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
         num_tokens = np.fromiter((s.num_tokens for s in states), dtype=np.int64, count=len(states))
         sampling_rows = np.nonzero(seq_lens >= num_tokens)[0]
-        md = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slot_mapping), block_table=torch.from_numpy(block_table),
-            query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
-            query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()), max_seq_len=int(seq_lens.max()))
-        return StepInputs(req_ids, torch.from_numpy(input_ids), torch.from_numpy(positions), md,
-                          qsl[1:][sampling_rows] - 1, sampling_rows.tolist())
+        draft_ids = [drafts.get(req_ids[r], []) for r in sampling_rows] if drafts else [[] for _ in sampling_rows]
+        logits_indices = qsl[1:][sampling_rows] - 1
+        if drafts:  # a row per draft and one past the last, each scoring the token after it
+            counts = np.array([len(d) + 1 for d in draft_ids], dtype=np.int64)
+            ends = np.repeat(logits_indices + 1, counts)
+            logits_indices = ends - np.concatenate([np.arange(c, 0, -1) for c in counts])
+        return StepInputs(req_ids, input_ids, positions, md,
+                          logits_indices, sampling_rows.tolist(), draft_ids)
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -130,8 +140,13 @@ class ModelRunner:
         result = ModelRunnerOutput(inp.req_ids, sampled)
         with self.profile.phase("sample"):
             self._prompt_logprobs(inp, hidden, result)
-            if inp.sampling_rows:
+            if any(inp.draft_ids):
+                self._verify(inp, hidden, result)
+            elif inp.sampling_rows:
                 self._sample(inp, hidden, result)
+        if self.proposer is not None and inp.sampling_rows:
+            with self.profile.phase("propose"):
+                self._propose(inp, result)
         return result
 
     def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
@@ -150,7 +165,39 @@ class ModelRunner:
                 if k is not None:
                     result.logprobs[state.req_id] = ([ids[i][: k + 1]], [lps[i][: k + 1]], [ranks[i]])
 
-    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+    def _verify(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
+        """Drafts in this step: a logits row per draft and one more per request; the rejection sampler keeps
+        what the target would have said."""
+        states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
+        logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+        row_states = [s for s, d in zip(states, inp.draft_ids) for _ in range(len(d) + 1)]
+        prefixes = [d[:j] for d in inp.draft_ids for j in range(len(d) + 1)]
+        md = self._sampling_metadata(row_states, prefixes)
+        verified = rejection_sample(self.sampler, logits, md, inp.draft_ids, [s.generator for s in states])
+        for row, state, toks in zip(inp.sampling_rows, states, verified.token_ids):
+            for tok in toks:
+                state.append_token(tok)
+            result.sampled_token_ids[row] = toks
+        if verified.raw_logprobs is not None:
+            for state, toks, rows in zip(states, verified.token_ids, verified.rows):
+                k = state.sampling_params.logprobs
+                if k is not None:
+                    out = SamplerOutput(torch.tensor(toks))
+                    gather_logprobs(verified.raw_logprobs[rows], out.sampled, k, out)
+                    result.logprobs[state.req_id] = (out.logprob_token_ids.tolist(), out.logprobs.tolist(),
+                                                     out.sampled_ranks.tolist())
+
+    def _propose(self, inp: StepInputs, result: ModelRunnerOutput) -> None:
+        if self.disable_spec_above is not None and len(self.requests) > self.disable_spec_above:
+            return
+        states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
+        result.spec_token_ids = self.proposer.propose(states)
+
+    def _sampling_metadata(self, states: list[CachedRequestState],
+                           draft_prefixes: list[list[int]] | None = None) -> SamplingMetadata:
+        """One row per state; with drafts, a state is repeated for each row that verifies one, and its row's
+        output so far includes the drafts before it (penalties and min_tokens count them)."""
+        extra = draft_prefixes or [[] for _ in states]
         sps = [s.sampling_params for s in states]
         temperature = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32)
         all_greedy = all(sp.greedy for sp in sps)
@@ -170,11 +217,12 @@ class ModelRunner:
             md.frequency_penalty = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32)
             md.repetition_penalty = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32)
             md.prompt_token_ids = [s.token_buf[: s.num_prompt_tokens].tolist() for s in states]
-            md.output_token_ids = [s.output_token_ids for s in states]
+            md.output_token_ids = [s.output_token_ids + e for s, e in zip(states, extra)]
         if any(sp.logit_bias for sp in sps):
             md.logit_bias = [sp.logit_bias for sp in sps]
-        under_min = [(i, sorted(sp.all_stop_token_ids)) for i, (s, sp) in enumerate(zip(states, sps))
-                     if sp.min_tokens and s.num_tokens - s.num_prompt_tokens < sp.min_tokens and sp.all_stop_token_ids]
+        under_min = [(i, sorted(sp.all_stop_token_ids)) for i, (s, sp, e) in enumerate(zip(states, sps, extra))
+                     if sp.min_tokens and s.num_tokens + len(e) - s.num_prompt_tokens < sp.min_tokens
+                     and sp.all_stop_token_ids]
         md.stop_token_mask = under_min or None
         return md
 

@@ -336,6 +336,10 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 
 #endif
 
+#if defined(__AVX512F__)
+constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of attention/cpu.py
+#endif
+
 // rows: the batch rows to compute (the others are left untouched in `out`). start_block > 0 skips each row's
 // first blocks (a prefix attended elsewhere); lse, when given ([T, Hq] fp32), receives each query row's
 // log-sum-exp of its scaled scores so that partial results can be merged.
@@ -378,15 +382,20 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           if (q_len == 0) continue;
 #if defined(__AVX512F__)
-          if (d == 64 && q_len == 1 && block_size == 16 && group <= 4 && !std::is_same_v<T, double> &&
-              !std::is_same_v<KT, double>) {
+          // A few new tokens (drafts being verified, a short chunk) go through the decode kernel one token at a
+          // time, each with the context it would have had alone: a token's attention is then the same bits
+          // whether it is decoded, verified as a draft or computed in a chunk, so speculation cannot change
+          // a greedy answer in bf16 either.
+          if (d == 64 && q_len <= kDecodeLoopMaxQueryLen && block_size == 16 && group <= 4 &&
+              !std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
             using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                 float, int64_t, float*, float);
             const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
                                &decode_d64<T, KT, 4>};
-            fns[group - 1](q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, sl_p[i], h,
-                           k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
-                           lse_p ? lse_p + q0 * hq : nullptr, vs);
+            for (int64_t t = 0; t < q_len; ++t)
+              fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
+                             sl_p[i] - q_len + t + 1, h, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
+                             lse_p ? lse_p + (q0 + t) * hq : nullptr, vs);
             continue;
           }
 #endif

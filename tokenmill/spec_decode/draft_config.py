@@ -1,0 +1,49 @@
+"""The draft model's ModelConfig, checked against the target's at start (same vocabulary, same tokenizer)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenmill.config import EngineArgs, ModelConfig
+    from tokenmill.spec_decode.config import SpeculativeConfig
+
+
+def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target_args: EngineArgs) -> ModelConfig:
+    from tokenmill.config import EngineArgs
+    from tokenmill.model.loader import load_model_config
+
+    if spec.method != "draft_model":
+        raise ValueError(f"speculative_config.method {spec.method!r}: EAGLE heads are not implemented yet; "
+                         f"use ngram or draft_model")
+    same_weights = spec.model is None or spec.model == target_args.model
+    if same_weights and spec.quantization in (None, target.quantization):
+        raise ValueError("speculative_config: a draft with the target's own weights and quantization would propose "
+                         "exactly what the target says at the same cost; set \"quantization\": \"int4\" or \"gguf\" "
+                         "(the self-draft), or name a smaller \"model\"")
+    args = EngineArgs(model=spec.model if spec.model is not None else target_args.model, dtype=target.dtype,
+                      quantization=spec.quantization, quantization_group_size=spec.quantization_group_size)
+    try:
+        draft = load_model_config(args)
+    except ValueError as e:
+        raise ValueError(f"speculative_config.model: {e}") from e
+    target_vocab, draft_vocab = int(target.hf_config.vocab_size), int(draft.hf_config.vocab_size)
+    if draft_vocab != target_vocab:
+        raise ValueError(f"speculative_config.model: the draft's vocabulary has {draft_vocab} tokens, the target's "
+                         f"{target_vocab}; a draft must share the target's tokenizer")
+    if not same_weights and draft.tokenizer != target.tokenizer:
+        _check_same_tokenizer(draft.tokenizer, target.tokenizer)
+    return dataclasses.replace(draft, served_model_name=f"draft:{draft.served_model_name}")
+
+
+def _check_same_tokenizer(draft_path: str, target_path: str) -> None:
+    from tokenmill.model.loader import load_tokenizer
+
+    try:
+        draft_vocab = load_tokenizer(draft_path).get_vocab()
+    except Exception as e:  # a folder without tokenizer files, a broken one
+        raise ValueError(f"speculative_config.model: cannot load the draft's tokenizer from {draft_path}: {e}") from e
+    if draft_vocab != load_tokenizer(target_path).get_vocab():
+        raise ValueError("speculative_config.model: the draft's tokenizer maps tokens to different ids than the "
+                         "target's; a draft must share the target's tokenizer")

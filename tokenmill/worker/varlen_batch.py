@@ -1,0 +1,32 @@
+"""The flat varlen batch of one forward pass, built with vectorized numpy: shared by the model runner and
+the draft model, which runs its own passes over the same block tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tokenmill.attention.backend import AttentionMetadata
+from tokenmill.worker.input_batch import CachedRequestState
+
+
+def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndarray,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Request i runs its tokens start[i] : start[i] + n[i] (from its token buffer) at those positions, with
+    start[i] + n[i] tokens of context. Returns input ids, positions and the attention metadata."""
+    qsl = np.zeros(len(states) + 1, dtype=np.int64)
+    np.cumsum(n, out=qsl[1:])
+    req_idx = np.repeat(np.arange(len(states)), n)
+    positions = start[req_idx] + np.arange(int(qsl[-1])) - qsl[req_idx]
+    input_ids = np.concatenate([s.token_buf[b: b + k] for s, b, k in zip(states, start, n)])
+    max_blocks = max(len(s.block_ids) for s in states)
+    block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
+    for i, s in enumerate(states):
+        block_table[i, : len(s.block_ids)] = s.block_ids
+    slot_mapping = block_table[req_idx, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    seq_lens = start + n
+    md = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slot_mapping), block_table=torch.from_numpy(block_table),
+        query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
+        query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()), max_seq_len=int(seq_lens.max()))
+    return torch.from_numpy(input_ids), torch.from_numpy(positions), md
