@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tokenmill.engine.messages import EngineCoreOutputs
 from tokenmill.engine.output_processor import IterationStats
+from tokenmill.spec_decode.metrics import SpecDecodingTotals
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -45,6 +46,12 @@ class Metrics:
         self.itl = histogram("inter_token_latency_seconds", "Time between two output tokens.")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.")
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Verifications of speculative drafts.")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = Counter("tokenmill:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft.",
+                                             ["model_name", "position"], registry=self.registry)
         self.model_name = model_name
         self.log = StatLogger()
 
@@ -60,6 +67,12 @@ class Metrics:
         self.preemptions.inc(s.num_preemptions)
         self.prompt_tokens.inc(s.num_prompt_tokens)
         self.generation_tokens.inc(s.num_generation_tokens)
+        if s.spec_num_drafts:
+            self.spec_drafts.inc(s.spec_num_drafts)
+            self.spec_draft_tokens.inc(s.spec_num_draft_tokens)
+            self.spec_accepted.inc(s.spec_num_accepted_tokens)
+            for pos, n in enumerate(s.spec_accepted_per_pos):
+                self.spec_accepted_per_pos.labels(self.model_name, str(pos)).inc(n)
         self.log.record(s)
 
     def record_frontend(self, stats: IterationStats) -> None:
@@ -81,12 +94,14 @@ class StatLogger:
         self.last = time.monotonic()
         self.prompt = self.gen = self.queries = self.hits = 0
         self.latest = None
+        self.spec = SpecDecodingTotals()
 
     def record(self, s) -> None:
         self.prompt += s.num_prompt_tokens
         self.gen += s.num_generation_tokens
         self.queries += s.prefix_cache_queries
         self.hits += s.prefix_cache_hits
+        self.spec.add(s)
         self.latest = s
         now = time.monotonic()
         if now - self.last < self.interval:
@@ -97,5 +112,8 @@ class StatLogger:
                         "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
                         self.prompt / elapsed, self.gen / elapsed, s.num_running_reqs, s.num_waiting_reqs,
                         100 * s.kv_cache_usage, 100 * self.hits / self.queries if self.queries else 0.0)
+            if self.spec.num_drafts:
+                logger.info("SpecDecoding metrics: %s", self.spec.describe())
+        self.spec = SpecDecodingTotals()
         self.last = now
         self.prompt = self.gen = self.queries = self.hits = 0

@@ -23,7 +23,7 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="Benchmarks: throughput, latency, quality (offline) and serve (any server).")
+    bench = sub.add_parser("bench", help="Benchmarks: throughput, latency, quality, spec (offline); serve (a server).")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
 
     from tokenmill.bench.offline import run_latency, run_throughput
@@ -50,6 +50,13 @@ def add_bench_parser(sub) -> None:
     add_quality_args(qa)
     add_engine_args(qa, positional_model=False)
     qa.set_defaults(func=run_quality)
+
+    from tokenmill.bench.spec import add_spec_args, run_spec_bench
+
+    sp = bsub.add_parser("spec", help="Speculative decoding on against off, side by side: TPOT, acceptance, and "
+                                      "whether the outputs are identical (W7, W2).")
+    add_spec_args(sp)
+    sp.set_defaults(func=run_spec_bench)
 
     from tokenmill.bench.serve import add_serve_bench_args, run_serve_bench
 

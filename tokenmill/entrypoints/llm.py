@@ -15,6 +15,7 @@ from tokenmill.engine.request import RequestStatus
 from tokenmill.model.loader import load_tokenizer
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.spec_decode.metrics import SpecDecodingTotals
 
 
 class LLM:
@@ -28,6 +29,7 @@ class LLM:
         self.input_processor = InputProcessor(self.config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+        self.spec_decoding_stats = SpecDecodingTotals()   # acceptance over every generate/chat call
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -77,7 +79,10 @@ class LLM:
         start = time.perf_counter()
         try:
             while self.engine_core.has_unfinished_requests():
-                outputs = self.engine_core.step().outputs
+                step = self.engine_core.step()
+                outputs = step.outputs
+                if step.scheduler_stats is not None:
+                    self.spec_decoding_stats.add(step.scheduler_stats)
                 with self.engine_core.profile.phase("output_processing"):
                     done, to_abort = self.output_processor.process_outputs(outputs)
                 if to_abort:
