@@ -191,3 +191,82 @@ def test_metrics_count_drafts_with_vllm_names():
     assert get("tokenmill:spec_decode_num_draft_tokens_total", {"model_name": "x"}) == 6
     assert get("tokenmill:spec_decode_num_accepted_tokens_total", {"model_name": "x"}) == 4
     assert get("tokenmill:spec_decode_num_accepted_tokens_per_pos_total", {"model_name": "x", "position": "2"}) == 1
+
+
+# ---- EAGLE -----------------------------------------------------------------------------------------
+def _tiny_eagle_head(folder, target_dir, **overrides):
+    """A random one-layer EAGLE-1 head for the tiny llama target, saved in the published layout: fc (with a bias),
+    layers.0.* without an input norm, no embedding (the head reads the target's)."""
+    import transformers
+    from safetensors.torch import save_file
+
+    cfg = transformers.AutoConfig.from_pretrained(target_dir)
+    cfg.num_hidden_layers = 1
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(9)
+    body = transformers.LlamaModel(cfg).state_dict()
+    tensors = {k: v for k, v in body.items() if k.startswith("layers.0.") and "input_layernorm" not in k}
+    tensors["fc.weight"] = torch.randn(cfg.hidden_size, 2 * cfg.hidden_size) * 0.1
+    tensors["fc.bias"] = torch.randn(cfg.hidden_size) * 0.1
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    cfg.save_pretrained(folder)
+    return folder
+
+
+def test_eagle_head_drafts_from_the_targets_hidden_states_and_changes_nothing(tiny_model_dir, tmp_path):
+    import transformers
+
+    from tokenmill.attention.registry import get_backend
+    from tokenmill.engine.messages import EngineCoreRequest
+    from tokenmill.model.eagle import eagle_checkpoint_tensors
+    from tokenmill.spec_decode.eagle import _load_head
+    from tokenmill.worker.input_batch import CachedRequestState
+    from tokenmill.worker.varlen_batch import varlen_batch
+
+    target = tiny_model_dir("llama")
+    head_dir = _tiny_eagle_head(tmp_path / "eagle", target)
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    prompts = [[17 + (i * 11 + j * 5) % 400 for j in range(30 + 9 * i)] for i in range(3)]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    off = LLM(str(target), dtype="float32", kv_cache_memory="16MiB")
+    ref = [o.outputs[0].token_ids for o in off.generate(prompts, sp, use_tqdm=False)]
+    on = LLM(str(target), dtype="float32", kv_cache_memory="16MiB", speculative_config=spec,
+             max_num_batched_tokens=32)   # chunked prompts: the head mirrors every chunk
+    assert [o.outputs[0].token_ids for o in on.generate(prompts, sp, use_tqdm=False)] == ref
+    assert on.spec_decoding_stats.num_draft_tokens > 0
+
+    # the first drafts against the definition: pairs (t[i+1], f[i]) with f the target's final hidden states
+    core = on.engine_core
+    core.add_request(EngineCoreRequest("x", prompts[2], SamplingParams(temperature=0, max_tokens=8,
+                                                                       ignore_eos=True), 0.0))
+    while "x" not in core.scheduler.requests or not core.scheduler.requests["x"].spec_token_ids:
+        core.step()
+    req = core.scheduler.requests["x"]
+    tokens, drafts = list(req.all_token_ids), list(req.spec_token_ids)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        feats = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+        m = core.config.draft_model_config
+        head = _load_head(m, get_backend("torch_ref", "cpu"), "cpu", 512, hf.model.embed_tokens.weight)
+        assert sum(1 for _ in eagle_checkpoint_tensors(str(head_dir))) > 0
+        expected = []
+        pair_tokens, pair_feats = tokens[1:], feats
+        for _ in range(3):
+            n = len(pair_tokens)
+            cache = torch.zeros(2, 64, 16, m.num_kv_heads, m.head_dim)
+            head.attention_layers()[0].kv_cache = cache
+            st = CachedRequestState.create("r", pair_tokens, n, sp, list(range(1, 1 + (n + 15) // 16)), 0, None)
+            ids, pos, md = varlen_batch([st], np.array([0]), np.array([n]), 16)
+            out = head(ids, pair_feats, pos, md)[-1]
+            expected.append(int(hf.lm_head(out).argmax()))
+            pair_tokens, pair_feats = pair_tokens + [expected[-1]], torch.cat([pair_feats, out[None]])
+    assert drafts == expected
+
+
+def test_eagle_head_for_another_model_is_refused(tiny_model_dir, tmp_path):
+    head_dir = _tiny_eagle_head(tmp_path / "eagle", tiny_model_dir("llama"), hidden_size=32, intermediate_size=64)
+    with pytest.raises(ValueError, match="speculative_config.model.*hidden_size"):
+        LLM(str(tiny_model_dir("llama")), dtype="float32", kv_cache_memory="16MiB",
+            speculative_config={"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 2})

@@ -196,27 +196,34 @@ class LlamaForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb" in name or (self.tied and name.startswith("lm_head.")):
-                continue
-            shard = None
-            for sub, (fused, idx) in _STACKED.items():
-                if f".{sub}." in name:
-                    name, shard = name.replace(f".{sub}.", f".{fused}."), idx
-                    break
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
-            param = params[name]
-            if isinstance(tensor, torch.Tensor):  # (a QuantizedWeight goes to the layer as it is)
-                tensor = tensor.to(param.dtype)
-            if shard is None:
-                param.weight_loader(param, tensor)
-            else:
-                param.weight_loader(param, tensor, shard)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:5])}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        weights = ((n, t) for n, t in weights if not (self.tied and n.startswith("lm_head.")))
+        load_stacked_weights(dict(self.named_parameters()), weights)
+
+
+def load_stacked_weights(params: dict[str, nn.Parameter], weights: Iterable[tuple[str, torch.Tensor]],
+                         optional: frozenset[str] = frozenset()) -> None:
+    """Checkpoint tensors into parameters through their weight_loader: q/k/v and gate/up go into the fused
+    projections as shards. Every parameter but the `optional` ones must be found."""
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if "rotary_emb" in name:
+            continue
+        shard = None
+        for sub, (fused, idx) in _STACKED.items():
+            if f".{sub}." in name:
+                name, shard = name.replace(f".{sub}.", f".{fused}."), idx
+                break
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
+        param = params[name]
+        if isinstance(tensor, torch.Tensor):  # (a QuantizedWeight goes to the layer as it is)
+            tensor = tensor.to(param.dtype)
+        if shard is None:
+            param.weight_loader(param, tensor)
+        else:
+            param.weight_loader(param, tensor, shard)
+        loaded.add(name)
+    missing = sorted(set(params) - loaded - optional)
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:5])}"
+                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))

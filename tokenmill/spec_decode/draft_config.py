@@ -14,9 +14,11 @@ def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target
     from tokenmill.config import EngineArgs
     from tokenmill.model.loader import load_model_config
 
-    if spec.method != "draft_model":
-        raise ValueError(f"speculative_config.method {spec.method!r}: EAGLE heads are not implemented yet; "
-                         f"use ngram or draft_model")
+    if spec.method == "eagle3":
+        raise ValueError("speculative_config.method 'eagle3' is not implemented yet; use eagle (EAGLE-1 heads), "
+                         "ngram or draft_model")
+    if spec.method == "eagle":
+        return _eagle_head_config(spec, target)
     same_weights = spec.model is None or spec.model == target_args.model
     if same_weights and spec.quantization in (None, target.quantization):
         raise ValueError("speculative_config: a draft with the target's own weights and quantization would propose "
@@ -35,6 +37,26 @@ def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target
     if not same_weights and draft.tokenizer != target.tokenizer:
         _check_same_tokenizer(draft.tokenizer, target.tokenizer)
     return dataclasses.replace(draft, served_model_name=f"draft:{draft.served_model_name}")
+
+
+def _eagle_head_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
+    """The head's shape, for its KV cache; it runs in the target's dtype and reads the target's hidden states."""
+    from pathlib import Path
+
+    from tokenmill.model.llama import head_dim_of
+    from tokenmill.model.loader import load_hf_config
+
+    folder = Path(spec.model)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"speculative_config.model: {spec.model} is not an EAGLE head folder (no config.json)")
+    cfg = load_hf_config(str(folder), "hf")
+    for key in ("hidden_size", "vocab_size"):
+        if int(getattr(cfg, key)) != int(getattr(target.hf_config, key)):
+            raise ValueError(f"speculative_config.model: the EAGLE head's {key} is {getattr(cfg, key)}, the "
+                             f"target's {getattr(target.hf_config, key)}; the head must be trained for this target")
+    return dataclasses.replace(target, model=str(folder), format="hf", hf_config=cfg,
+                               served_model_name=f"eagle:{folder.name}", num_layers=cfg.num_hidden_layers,
+                               num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim_of(cfg), quantization=None)
 
 
 def _check_same_tokenizer(draft_path: str, target_path: str) -> None:

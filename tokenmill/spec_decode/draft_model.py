@@ -15,6 +15,7 @@ import torch
 from tokenmill.config import EngineConfig
 from tokenmill.layers.sampler import greedy_tokens
 from tokenmill.model.loader import DTYPES, load_model
+from tokenmill.spec_decode.proposer import _NoObservation
 from tokenmill.utils import format_bytes, init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
@@ -22,7 +23,7 @@ from tokenmill.worker.varlen_batch import varlen_batch
 logger = init_logger(__name__)
 
 
-class DraftModelProposer:
+class DraftModelProposer(_NoObservation):
     def __init__(self, config: EngineConfig, backend, device: str):
         self.k = config.speculative_config.num_speculative_tokens
         self.model_config = config.draft_model_config

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tokenmill.config import EngineConfig
@@ -17,6 +18,10 @@ from tokenmill.worker.input_batch import CachedRequestState
 
 
 class Proposer(Protocol):
+    def observe(self, states: list[CachedRequestState], qsl: np.ndarray, seq_lens: np.ndarray,
+                hidden: torch.Tensor) -> None:
+        """Every step, after verification: the target's hidden states of the step's tokens (EAGLE reads them)."""
+
     def propose(self, states: list[CachedRequestState]) -> dict[str, list[int]]: ...
 
     def forget(self, req_ids: set[str]) -> None:
@@ -25,18 +30,27 @@ class Proposer(Protocol):
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None: ...
 
 
-def make_proposer(config: EngineConfig, backend, device: str) -> Proposer | None:
+def make_proposer(config: EngineConfig, backend, device: str, target: torch.nn.Module) -> Proposer | None:
     spec = config.speculative_config
     if spec is None:
         return None
     if spec.method == "ngram":
         return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "eagle":
+        from tokenmill.spec_decode.eagle import EagleProposer
+
+        return EagleProposer(config, backend, device, target)
     from tokenmill.spec_decode.draft_model import DraftModelProposer
 
     return DraftModelProposer(config, backend, device)
 
 
-class NgramProposer:
+class _NoObservation:
+    def observe(self, states, qsl, seq_lens, hidden) -> None:
+        pass
+
+
+class NgramProposer(_NoObservation):
     """Prompt lookup: find the request's last n tokens earlier in its own tokens (n from prompt_lookup_max down
     to prompt_lookup_min, the latest occurrence) and propose what followed them there. No model."""
 

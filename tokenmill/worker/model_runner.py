@@ -63,7 +63,7 @@ class ModelRunner:
         logger.info("attention backend: %s", backend.name)
         self.model = load_model(self.config.model_config, backend, self.device,
                                 self.config.scheduler_config.max_model_len)
-        self.proposer = make_proposer(self.config, backend, self.device)
+        self.proposer = make_proposer(self.config, backend, self.device, self.model)
 
     def initialize_kv_cache(self) -> None:
         m, c = self.config.model_config, self.config.cache_config
@@ -144,9 +144,13 @@ class ModelRunner:
                 self._verify(inp, hidden, result)
             elif inp.sampling_rows:
                 self._sample(inp, hidden, result)
-        if self.proposer is not None and inp.sampling_rows:
+        if self.proposer is not None:
             with self.profile.phase("propose"):
-                self._propose(inp, result)
+                md = inp.attn_metadata
+                self.proposer.observe([self.requests[r] for r in inp.req_ids], md.query_start_loc_np,
+                                      md.seq_lens_np, hidden)
+                if inp.sampling_rows:
+                    self._propose(inp, result)
         return result
 
     def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:

@@ -10,15 +10,17 @@ from tokenmill.attention.backend import AttentionMetadata
 from tokenmill.worker.input_batch import CachedRequestState
 
 
-def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndarray,
-                 block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Request i runs its tokens start[i] : start[i] + n[i] (from its token buffer) at those positions, with
-    start[i] + n[i] tokens of context. Returns input ids, positions and the attention metadata."""
+def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndarray, block_size: int,
+                 token_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Request i runs positions start[i] : start[i] + n[i], with start[i] + n[i] tokens of context, on the tokens
+    its buffer holds there (or `token_offset` further on: an EAGLE head reads the next token at each position).
+    Returns input ids, positions and the attention metadata."""
     qsl = np.zeros(len(states) + 1, dtype=np.int64)
     np.cumsum(n, out=qsl[1:])
     req_idx = np.repeat(np.arange(len(states)), n)
     positions = start[req_idx] + np.arange(int(qsl[-1])) - qsl[req_idx]
-    input_ids = np.concatenate([s.token_buf[b: b + k] for s, b, k in zip(states, start, n)])
+    first = start + token_offset
+    input_ids = np.concatenate([s.token_buf[b: b + k] for s, b, k in zip(states, first, n)])
     max_blocks = max(len(s.block_ids) for s in states)
     block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
     for i, s in enumerate(states):
