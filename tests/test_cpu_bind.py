@@ -43,3 +43,15 @@ def test_bind_threads_pins_each_thread():
     if "not pinned" in out.stdout:
         pytest.skip("the native kernels are unavailable")
     assert out.stdout.strip().endswith(f"1 [{cpu}]"), out.stdout
+
+
+def test_a_second_engine_in_the_process_gets_every_core():
+    """Binding pins the calling thread: a second bind (a second LLM in the same process) must still see the
+    process's CPUs, not the one its main thread was pinned to."""
+    code = ("import torch; from tokenmill.platform import bind_cpu_threads; "
+            "a = bind_cpu_threads('auto'); n = torch.get_num_threads(); b = bind_cpu_threads('auto'); "
+            "print(a == b, n, torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    same, first, second = out.stdout.split()
+    assert same == "True" and first == second, out.stdout

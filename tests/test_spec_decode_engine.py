@@ -270,3 +270,20 @@ def test_eagle_head_for_another_model_is_refused(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="speculative_config.model.*hidden_size"):
         LLM(str(tiny_model_dir("llama")), dtype="float32", kv_cache_memory="16MiB",
             speculative_config={"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 2})
+
+
+def test_bench_spec_reports_both_sides(tiny_model_dir, tmp_path, capsys):
+    import argparse
+
+    from tokenmill.bench.spec import add_spec_args, run_spec_bench
+
+    p = argparse.ArgumentParser()
+    add_spec_args(p)
+    out = tmp_path / "spec.json"
+    ns = p.parse_args(["--workload", "W2", "--model", str(tiny_model_dir("llama")), "--dtype", "float32",
+                       "--kv-cache-memory", "16MiB", "--output-json", str(out), "--speculative-config",
+                       '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'])
+    assert run_spec_bench(ns) == 0
+    result = json.loads(out.read_text())
+    assert result["outputs_identical"] is True and result["tpot_ms_off"] > 0 and result["tpot_ms_on"] > 0
+    assert result["per_request"][0]["off_output_tokens"] == result["per_request"][0]["on_output_tokens"] == 256

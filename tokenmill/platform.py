@@ -94,11 +94,23 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
+_process_cpus: list[int] | None = None
+
+
+def process_cpus() -> list[int]:
+    """The CPUs this process may use, as they were before an engine bound its threads: binding pins the calling
+    thread to one CPU, so asking the thread again would make a second engine in the process single-threaded."""
+    global _process_cpus
+    if _process_cpus is None:
+        _process_cpus = allowed_cpus()
+    return _process_cpus
+
+
 def bind_cpu_threads(cpu_bind: str) -> str:
     """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
     unpinned). Returns a line for the log."""
-    cpus = one_cpu_per_core(allowed_cpus()) if cpu_bind in ("auto", "none") else parse_cpu_list(cpu_bind)
-    allowed = set(allowed_cpus())
+    cpus = one_cpu_per_core(process_cpus()) if cpu_bind in ("auto", "none") else parse_cpu_list(cpu_bind)
+    allowed = set(process_cpus())
     if not set(cpus) <= allowed:
         raise ValueError(f"cpu_bind {cpu_bind!r} names CPUs outside this process's set {sorted(allowed)}")
     if cpu_bind == "none":

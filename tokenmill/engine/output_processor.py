@@ -140,12 +140,9 @@ class OutputProcessor:
         parent.num_cached_tokens = out.num_cached_tokens
         if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None and child.index == 0:
             parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
-        if out.new_logprobs is not None and child.logprobs is not None:
-            dicts = self._logprob_dicts(out.new_logprobs)
-            child.logprobs.extend(dicts)
-            child.cumulative_logprob += sum(d[t].logprob for d, t in zip(dicts, out.new_token_ids))
         params = parent.params
         stopped_by_string = False
+        num_before = len(child.token_ids)
         for tok in out.new_token_ids:
             child.token_ids.append(tok)
             skip = tok in params.all_stop_token_ids and not params.include_stop_str_in_output
@@ -158,6 +155,12 @@ class OutputProcessor:
                     child.finish_reason, child.stop_reason = "stop", hit[0]
                     stopped_by_string = True
                     break
+        if out.new_logprobs is not None and child.logprobs is not None:
+            # a stop string among several tokens (accepted drafts) ends the output there, logprobs included
+            kept = len(child.token_ids) - num_before
+            dicts = self._logprob_dicts(tuple(part[:kept] for part in out.new_logprobs))
+            child.logprobs.extend(dicts)
+            child.cumulative_logprob += sum(d[t].logprob for d, t in zip(dicts, out.new_token_ids))
         if not stopped_by_string and out.finish_reason is not None:
             child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
         if child.finish_reason is not None and parent.finished:

@@ -53,6 +53,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.profile = StepProfile()
         self.proposer = None
+        self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
 
@@ -144,7 +145,7 @@ class ModelRunner:
                 self._verify(inp, hidden, result)
             elif inp.sampling_rows:
                 self._sample(inp, hidden, result)
-        if self.proposer is not None:
+        if self.proposer is not None and self.speculation_enabled:
             with self.profile.phase("propose"):
                 md = inp.attn_metadata
                 self.proposer.observe([self.requests[r] for r in inp.req_ids], md.query_start_loc_np,
