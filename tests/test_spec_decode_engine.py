@@ -5,6 +5,7 @@ target's distribution (chi-square against transformers' exact probabilities); ba
 from __future__ import annotations
 
 import json
+import types
 from importlib import resources
 
 import numpy as np
@@ -215,29 +216,35 @@ def _tiny_eagle_head(folder, target_dir, **overrides):
     return folder
 
 
-def test_eagle_head_drafts_from_the_targets_hidden_states_and_changes_nothing(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_heads_draft_from_the_targets_hidden_states_and_change_nothing(method, tiny_model_dir, tmp_path):
+    """Answers identical to the target alone (chunked prompts: the head mirrors every chunk), and the first drafts
+    equal the definition computed from transformers' hidden states without any cache: EAGLE-1 pairs t[i+1] with
+    the final hidden state f[i]; EAGLE-3 with fc of the residual streams entering three target layers."""
     import transformers
 
     from tokenmill.attention.registry import get_backend
     from tokenmill.engine.messages import EngineCoreRequest
-    from tokenmill.model.eagle import eagle_checkpoint_tensors
     from tokenmill.spec_decode.eagle import _load_head
     from tokenmill.worker.input_batch import CachedRequestState
     from tokenmill.worker.varlen_batch import varlen_batch
 
     target = tiny_model_dir("llama")
-    head_dir = _tiny_eagle_head(tmp_path / "eagle", target)
-    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    draft_vocab = None
+    if method == "eagle":
+        head_dir = _tiny_eagle_head(tmp_path / "eagle", target)
+    else:
+        head_dir, draft_vocab = _tiny_eagle3_head(tmp_path / "eagle3", target, draft_vocab=512)
+    spec = {"method": method, "model": str(head_dir), "num_speculative_tokens": 3, "disable_by_batch_size": None}
     prompts = [[17 + (i * 11 + j * 5) % 400 for j in range(30 + 9 * i)] for i in range(3)]
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     off = LLM(str(target), dtype="float32", kv_cache_memory="16MiB")
     ref = [o.outputs[0].token_ids for o in off.generate(prompts, sp, use_tqdm=False)]
     on = LLM(str(target), dtype="float32", kv_cache_memory="16MiB", speculative_config=spec,
-             max_num_batched_tokens=32)   # chunked prompts: the head mirrors every chunk
+             max_num_batched_tokens=32)
     assert [o.outputs[0].token_ids for o in on.generate(prompts, sp, use_tqdm=False)] == ref
     assert on.spec_decoding_stats.num_draft_tokens > 0
 
-    # the first drafts against the definition: pairs (t[i+1], f[i]) with f the target's final hidden states
     core = on.engine_core
     core.add_request(EngineCoreRequest("x", prompts[2], SamplingParams(temperature=0, max_tokens=8,
                                                                        ignore_eos=True), 0.0))
@@ -245,23 +252,25 @@ def test_eagle_head_drafts_from_the_targets_hidden_states_and_changes_nothing(ti
         core.step()
     req = core.scheduler.requests["x"]
     tokens, drafts = list(req.all_token_ids), list(req.spec_token_ids)
+    if draft_vocab is not None:
+        assert set(drafts) <= draft_vocab and core.executor.runner.model.model.aux_hidden_state_layers == (0, 1, 1)
     hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     with torch.no_grad():
-        feats = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+        hs = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         m = core.config.draft_model_config
-        head = _load_head(m, get_backend("torch_ref", "cpu"), "cpu", 512, hf.model.embed_tokens.weight)
-        assert sum(1 for _ in eagle_checkpoint_tensors(str(head_dir))) > 0
+        target_view = types.SimpleNamespace(model=hf.model, compute_logits=hf.lm_head, config=hf.config)
+        head = _load_head(method, m, get_backend("torch_ref", "cpu"), "cpu", 512, target_view)
+        pair_tokens = tokens[1:]
+        pair_feats = head.features(hs[-1][0], {i: h[0] for i, h in enumerate(hs[:-1])})
         expected = []
-        pair_tokens, pair_feats = tokens[1:], feats
         for _ in range(3):
             n = len(pair_tokens)
-            cache = torch.zeros(2, 64, 16, m.num_kv_heads, m.head_dim)
-            head.attention_layers()[0].kv_cache = cache
+            head.attention_layers()[0].kv_cache = torch.zeros(2, 64, 16, m.num_kv_heads, m.head_dim)
             st = CachedRequestState.create("r", pair_tokens, n, sp, list(range(1, 1 + (n + 15) // 16)), 0, None)
             ids, pos, md = varlen_batch([st], np.array([0]), np.array([n]), 16)
-            out = head(ids, pair_feats, pos, md)[-1]
-            expected.append(int(hf.lm_head(out).argmax()))
-            pair_tokens, pair_feats = pair_tokens + [expected[-1]], torch.cat([pair_feats, out[None]])
+            out, nxt = head(ids, pair_feats, pos, md)
+            expected.append(int(head.draft(out[-1:])[0]))
+            pair_tokens, pair_feats = pair_tokens + [expected[-1]], torch.cat([pair_feats, nxt[-1:]])
     assert drafts == expected
 
 
@@ -287,3 +296,33 @@ def test_bench_spec_reports_both_sides(tiny_model_dir, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["outputs_identical"] is True and result["tpot_ms_off"] > 0 and result["tpot_ms_on"] > 0
     assert result["per_request"][0]["off_output_tokens"] == result["per_request"][0]["on_output_tokens"] == 256
+
+
+def _tiny_eagle3_head(folder, target_dir, draft_vocab: int):
+    """A random EAGLE-3 head in the published layout: midlayer.* (q/k/v read 2h, a hidden_norm), fc over three
+    of the target's residual streams, norm, its own lm_head over a draft vocabulary and the d2t offsets."""
+    import transformers
+    from safetensors.torch import save_file
+
+    cfg = transformers.AutoConfig.from_pretrained(target_dir)
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    cfg.num_hidden_layers, cfg.draft_vocab_size = 1, draft_vocab
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, layers // 2, layers - 1]}
+    torch.manual_seed(4)
+    body = transformers.LlamaModel(cfg).state_dict()
+    tensors = {k.replace("layers.0.", "midlayer."): v for k, v in body.items() if k.startswith("layers.0.")}
+    head_dim = h // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        tensors[f"midlayer.self_attn.{name}.weight"] = torch.randn(rows, 2 * h) * 0.2
+    tensors["midlayer.hidden_norm.weight"] = torch.ones(h)
+    tensors["fc.weight"] = torch.randn(h, 3 * h) * 0.1
+    tensors["norm.weight"] = torch.ones(h)
+    tensors["lm_head.weight"] = torch.randn(draft_vocab, h)
+    chosen = torch.sort(torch.randperm(cfg.vocab_size)[:draft_vocab]).values   # the draft vocabulary, in target ids
+    tensors["d2t"] = chosen - torch.arange(draft_vocab)
+    tensors["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    cfg.save_pretrained(folder)
+    return folder, set(chosen.tolist())

@@ -73,8 +73,8 @@ class EngineArgs:
         None, "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\"|\"draft_model\"|\"eagle\"|\"eagle3\", "
               "\"num_speculative_tokens\": k, ...}; ngram takes prompt_lookup_min/max, draft_model a \"model\" "
               "folder (or none, with \"quantization\": \"int4\"|\"gguf\", for the target's own weights at 4 bits), "
-              "eagle a head folder; \"disable_by_batch_size\": N stops proposing above N running requests (default "
-              "4). Greedy output is unchanged; sampled output keeps its distribution.")
+              "eagle/eagle3 a head folder; \"disable_by_batch_size\": N stops proposing above N running requests "
+              "(default 4). Greedy output is unchanged; sampled output keeps its distribution.")
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 

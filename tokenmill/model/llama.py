@@ -145,11 +145,18 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # an EAGLE-3 head reads the residual stream entering these layers (vLLM's aux hidden states)
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: dict[int, torch.Tensor] = {}
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = {}
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                aux[i] = x if residual is None else x + residual
             x, residual = layer(positions, x, residual, md)
+        self.aux_hidden_states = aux
         return self.norm(x, residual)[0]
 
 

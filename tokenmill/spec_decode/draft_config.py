@@ -14,10 +14,7 @@ def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target
     from tokenmill.config import EngineArgs
     from tokenmill.model.loader import load_model_config
 
-    if spec.method == "eagle3":
-        raise ValueError("speculative_config.method 'eagle3' is not implemented yet; use eagle (EAGLE-1 heads), "
-                         "ngram or draft_model")
-    if spec.method == "eagle":
+    if spec.method in ("eagle", "eagle3"):
         return _eagle_head_config(spec, target)
     same_weights = spec.model is None or spec.model == target_args.model
     if same_weights and spec.quantization in (None, target.quantization):
@@ -50,7 +47,8 @@ def _eagle_head_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelCon
     if not (folder / "config.json").is_file():
         raise ValueError(f"speculative_config.model: {spec.model} is not an EAGLE head folder (no config.json)")
     cfg = load_hf_config(str(folder), "hf")
-    for key in ("hidden_size", "vocab_size"):
+    # an EAGLE-3 head maps the target's states through fc, so only EAGLE-1 needs the target's width
+    for key in ("hidden_size", "vocab_size") if spec.method == "eagle" else ("vocab_size",):
         if int(getattr(cfg, key)) != int(getattr(target.hf_config, key)):
             raise ValueError(f"speculative_config.model: the EAGLE head's {key} is {getattr(cfg, key)}, the "
                              f"target's {getattr(target.hf_config, key)}; the head must be trained for this target")

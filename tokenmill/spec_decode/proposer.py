@@ -36,7 +36,7 @@ def make_proposer(config: EngineConfig, backend, device: str, target: torch.nn.M
         return None
     if spec.method == "ngram":
         return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if spec.method == "eagle":
+    if spec.method in ("eagle", "eagle3"):
         from tokenmill.spec_decode.eagle import EagleProposer
 
         return EagleProposer(config, backend, device, target)
