@@ -66,6 +66,19 @@ def test_ngram_greedy_answers_are_unchanged(name, kwargs, w7_prompts, w7_referen
     assert sched.kv_cache_manager.pool.num_free_blocks == sched.kv_cache_manager.pool.num_blocks
 
 
+def test_penalties_bias_and_min_tokens_see_the_drafts_before_them(smol_llm, w7_prompts):
+    """Each verified row is constrained as its decode would be: penalties count the drafts before it, min_tokens
+    keeps stop tokens out until enough tokens (drafts included) are out, logit_bias applies on every row."""
+    stop = smol_llm.get_tokenizer().encode("```", add_special_tokens=False)[0]
+    sp = SamplingParams(temperature=0, max_tokens=40, min_tokens=30, stop_token_ids=[stop], repetition_penalty=1.02,
+                        frequency_penalty=0.02, presence_penalty=0.02, logit_bias={stop + 1: 2.0}, logprobs=1)
+    ref = smol_llm.generate(w7_prompts[:2], sp, use_tqdm=False)
+    llm = LLM(dtype="float32", kv_cache_memory="64MiB", speculative_config=NGRAM)
+    outs = llm.generate(w7_prompts[:2], sp, use_tqdm=False)
+    _check_same(outs, [r.outputs[0] for r in ref])
+    assert llm.spec_decoding_stats.num_accepted_tokens > 0
+
+
 def test_int4_self_draft_greedy_answers_are_unchanged(w7_prompts, w7_reference):
     llm = LLM(dtype="float32", kv_cache_memory="128MiB",
               speculative_config={"method": "draft_model", "quantization": "int4", "num_speculative_tokens": 3})
