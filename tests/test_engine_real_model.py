@@ -149,3 +149,19 @@ def test_chat_takes_one_sampling_params_per_conversation(smol_llm):
     assert [len(o.outputs[0].token_ids) for o in outs] == [3, 7]
     with pytest.raises(ValueError, match="got 1 sampling_params for 2 prompts"):
         smol_llm.chat([conv, conv], [SamplingParams()], use_tqdm=False)
+
+
+def test_prompt_logprobs_are_sent_once_through_preemption(smol_llm):
+    """A request preempted after its prompt recomputes it and scores it again; the client still gets one logprob
+    per prompt token, equal to those of a run without preemption."""
+    prompts = [[17 + (i * 31 + j * 7) % 3000 for j in range(40 + 3 * i)] for i in range(6)]
+    sp = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, prompt_logprobs=1)
+    ref = smol_llm.generate(prompts, sp, use_tqdm=False)
+    llm = LLM(dtype="float32", num_gpu_blocks_override=20, max_model_len=128)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert llm.engine_core.scheduler.num_preemptions > 0
+    for o, r, p in zip(outs, ref, prompts):
+        assert len(o.prompt_logprobs) == len(p) == len(r.prompt_logprobs)
+        for pos in range(1, len(p)):
+            assert abs(o.prompt_logprobs[pos][p[pos]].logprob - r.prompt_logprobs[pos][p[pos]].logprob) < 1e-4
+        assert o.outputs[0].token_ids == r.outputs[0].token_ids

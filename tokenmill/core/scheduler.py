@@ -196,9 +196,12 @@ class Scheduler:
             if req is None:
                 continue
             new_ids = result.sampled_token_ids[idx]
+            first_pos = req.num_computed_tokens - sched.num_scheduled_tokens.get(rid, 0)
             num_rejected = self._verified(req, sched.scheduled_spec_decode_tokens.get(rid), new_ids)
             self._count_tokens(req, sched.num_scheduled_tokens.get(rid, 0), num_rejected)
             prompt_lp = result.prompt_logprobs.get(rid)
+            if prompt_lp is not None:
+                prompt_lp = self._unsent_prompt_logprobs(req, prompt_lp, first_pos)
             if not new_ids and prompt_lp is None:
                 continue
             n = 0
@@ -223,6 +226,14 @@ class Scheduler:
                 self._free(req)
             outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _unsent_prompt_logprobs(req: Request, lp, first_pos: int):
+        """A request preempted after (part of) its prompt recomputes the prompt and scores it again: entry j of
+        a chunk starting at first_pos scores prompt position first_pos + 1 + j; pass on only those not sent."""
+        skip = max(0, req.num_prompt_logprobs_sent - first_pos)
+        req.num_prompt_logprobs_sent = max(req.num_prompt_logprobs_sent, first_pos + len(lp[0]))
+        return tuple(part[skip:] for part in lp) if skip else lp
 
     def _verified(self, req: Request, drafts: list[int] | None, new_ids: list[int]) -> int:
         """Steps the computed count back over the rejected drafts, gives their slots back and counts acceptance;

@@ -45,6 +45,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1       # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
+        self.num_prompt_logprobs_sent = 0  # prompt positions whose logprobs went out (a resumed request resends)
         self.first_scheduled_time = 0.0
         self.block_size = block_size
         self.block_hashes: list[BlockHash] = []
