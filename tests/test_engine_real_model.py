@@ -165,3 +165,18 @@ def test_prompt_logprobs_are_sent_once_through_preemption(smol_llm):
         for pos in range(1, len(p)):
             assert abs(o.prompt_logprobs[pos][p[pos]].logprob - r.prompt_logprobs[pos][p[pos]].logprob) < 1e-4
         assert o.outputs[0].token_ids == r.outputs[0].token_ids
+
+
+def test_cache_salt_in_prompts_keeps_tenants_apart(smol_llm):
+    prompt = list(range(300, 380))
+    sp = SamplingParams(temperature=0, max_tokens=2)
+
+    def cached(salt):
+        p = {"prompt_token_ids": prompt} if salt is None else {"prompt_token_ids": prompt, "cache_salt": salt}
+        return smol_llm.generate(p, sp, use_tqdm=False)[0].num_cached_tokens
+
+    smol_llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
+    assert cached("alice") == 0 and cached("alice") > 0
+    assert cached("bob") == 0 and cached(None) == 0 and cached(None) > 0
+    with pytest.raises(ValueError, match="cache_salt"):
+        cached("")

@@ -92,3 +92,22 @@ def test_allocation_fails_without_side_effects():
     assert kv.pool.num_free_blocks == 0 and "b" not in kv.req_to_blocks
     kv.free(a)
     assert kv.pool.num_free_blocks == 3
+
+
+def test_cache_salt_separates_tenants():
+    """vLLM's cache_salt goes into the first block's hash: the same prompt under another salt (or none) finds
+    nothing cached, under the same salt everything."""
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    tokens = list(range(20, 33))
+
+    def hits(rid: str, salt: str | None) -> int:
+        req = Request(rid, tokens, SamplingParams(), 4, 4, cache_salt=salt)
+        blocks, n = kv.get_computed_blocks(req)
+        assert kv.allocate_slots(req, req.num_tokens - n, blocks, n) is not None
+        return n
+
+    assert hits("a", "tenant-1") == 0
+    assert hits("b", "tenant-1") == 12          # three full blocks; the last token is always recomputed
+    assert hits("c", "tenant-2") == 0
+    assert hits("d", None) == 0
+    assert hits("e", None) == 12

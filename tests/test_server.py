@@ -215,3 +215,11 @@ def test_sigterm_drains_in_flight_requests():
         assert s.proc.wait(30) == 0
     finally:
         s.stop()
+
+
+def test_cache_salt_field(client):
+    kw = dict(model="smol", prompt="Tenants do not share", max_tokens=2, temperature=0)
+    assert client.completions.create(extra_body={"cache_salt": "tenant-a"}, **kw).choices[0].text is not None
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={"cache_salt": ""})

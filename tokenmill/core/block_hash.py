@@ -25,7 +25,10 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_
     return BlockHash(h.digest(), tuple(token_ids))
 
 
-def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
-    """Append the hashes of the blocks of `token_ids` that became full since `hashes` was last extended."""
+def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
+                        salt: bytes = b"") -> None:
+    """Append the hashes of the blocks of `token_ids` that became full since `hashes` was last extended. A salt
+    (a tenant's cache_salt) is mixed into the first block, and through the chain into every later one."""
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, token_ids[start:start + block_size]))
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, token_ids[start:start + block_size],
+                                        b"" if hashes else salt))

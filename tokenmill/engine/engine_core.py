@@ -73,7 +73,8 @@ class EngineCore:
         room = max_model_len - len(req.prompt_token_ids)
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
         self.scheduler.add_request(Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
-                                           self.config.cache_config.block_size, req.arrival_time, req.priority))
+                                           self.config.cache_config.block_size, req.arrival_time, req.priority,
+                                           req.cache_salt))
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(request_ids, status)

@@ -18,6 +18,7 @@ PromptType = str | dict[str, Any] | list[int]
 class ProcessedPrompt:
     prompt: str | None
     prompt_token_ids: list[int]
+    cache_salt: str | None = None   # vLLM's field: only requests with the same salt share cached prefix blocks
 
 
 class InputProcessor:
@@ -29,12 +30,15 @@ class InputProcessor:
     def process_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
         """A string, {"prompt": str}, {"prompt_token_ids": [...]} (vLLM's form) or a list of token ids."""
         if isinstance(prompt, dict):
+            salt = check_cache_salt(prompt.get("cache_salt"))
             if "prompt_token_ids" in prompt:
-                return self._checked(prompt.get("prompt"), list(prompt["prompt_token_ids"]))
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
+                processed = self._checked(prompt.get("prompt"), list(prompt["prompt_token_ids"]))
+            elif "prompt" in prompt:
+                processed = self.process_prompt(prompt["prompt"], add_special_tokens)
             else:
                 raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
+            processed.cache_salt = salt
+            return processed
         if isinstance(prompt, (list, tuple)):
             return self._checked(None, list(prompt))
         if not isinstance(prompt, str):
@@ -69,7 +73,16 @@ class InputProcessor:
                      arrival_time: float | None = None, priority: int = 0) -> EngineCoreRequest:
         params.update_from_model(self.model_config.eos_token_ids, self.vocab_size)
         return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
-                                 arrival_time if arrival_time is not None else time.time(), priority)
+                                 arrival_time if arrival_time is not None else time.time(), priority,
+                                 processed.cache_salt)
+
+
+def check_cache_salt(salt) -> str | None:
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ValueError("cache_salt must be a non-empty string")
+    return salt
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:

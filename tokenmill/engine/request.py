@@ -29,7 +29,8 @@ class RequestStatus(enum.IntEnum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 max_tokens: int, block_size: int, arrival_time: float | None = None, priority: int = 0):
+                 max_tokens: int, block_size: int, arrival_time: float | None = None, priority: int = 0,
+                 cache_salt: str | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -48,8 +49,10 @@ class Request:
         self.num_prompt_logprobs_sent = 0  # prompt positions whose logprobs went out (a resumed request resends)
         self.first_scheduled_time = 0.0
         self.block_size = block_size
+        # a salt goes into the first block's hash, so only requests with the same salt share cached blocks
+        self.cache_salt = cache_salt.encode() if cache_salt else b""
         self.block_hashes: list[BlockHash] = []
-        extend_block_hashes(self.block_hashes, self.all_token_ids, block_size)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt)
 
     @property
     def num_tokens(self) -> int:
@@ -63,7 +66,7 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         if len(self.all_token_ids) % self.block_size == 0:
-            extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size)
+            extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size, self.cache_salt)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

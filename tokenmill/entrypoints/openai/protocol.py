@@ -47,6 +47,7 @@ class _SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     priority: int = 0
     request_id: str | None = None
+    cache_salt: str | None = None   # only requests with the same salt share cached prefix blocks (tenants)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
                          default_max_tokens: int) -> SamplingParams:

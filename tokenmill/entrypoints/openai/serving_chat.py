@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tokenmill.engine.input_processor import check_cache_salt
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, now, random_id
 from tokenmill.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -53,6 +54,7 @@ class OpenAIServingChat:
             text = engine.input_processor.apply_chat_template(template_messages(req), req.add_generation_prompt,
                                                               req.chat_template, **(req.chat_template_kwargs or {}))
             prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
+            prompt.cache_salt = check_cache_salt(req.cache_salt)
         except ValueError as e:
             raise value_error(e) from e
         params = sampling_params(req.to_sampling_params, ctx.max_model_len - len(prompt.prompt_token_ids))

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tokenmill.engine.input_processor import check_cache_salt
 from tokenmill.entrypoints.openai.protocol import CompletionRequest, now, random_id
 from tokenmill.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -61,6 +62,8 @@ class OpenAIServingCompletion:
         params = sampling_params(req.to_sampling_params, 16)
         try:
             prompts = [engine.input_processor.process_prompt(p) for p in _prompts(req.prompt)]
+            for p in prompts:
+                p.cache_salt = check_cache_salt(req.cache_salt)
         except ValueError as e:
             raise value_error(e) from e
         for p in prompts:
