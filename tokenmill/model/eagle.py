@@ -38,7 +38,21 @@ class _NoNorm(nn.Module):
         return x
 
 
-class EagleHead(nn.Module):
+class _Head(nn.Module):
+    """What both heads share: their attention layers (for the KV cache) and the kernels made after loading."""
+
+    layers: nn.ModuleList
+
+    def attention_layers(self):
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def process_weights_after_loading(self) -> None:
+        for module in reversed(list(self.modules())):
+            if module is not self and hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading()
+
+
+class EagleHead(_Head):
     aux_layers: tuple[int, ...] = ()   # EAGLE-1 reads only the target's final hidden states
 
     def __init__(self, cfg, backend: AttentionBackend, max_positions: int, fc_bias: bool, target_logits=None):
@@ -69,8 +83,6 @@ class EagleHead(nn.Module):
     def draft(self, states: torch.Tensor) -> torch.Tensor:
         return greedy_tokens(self.target_logits(states))
 
-    def attention_layers(self):
-        return [layer.self_attn.attn for layer in self.layers]
 
     def load_weights(self, weights, target_embedding: torch.Tensor) -> None:
         weights = [(n.removeprefix("model."), t) for n, t in weights if not n.startswith("lm_head.")]
@@ -78,13 +90,9 @@ class EagleHead(nn.Module):
             weights.append(("embed_tokens.weight", target_embedding))
         load_stacked_weights(dict(self.named_parameters()), weights)
 
-    def process_weights_after_loading(self) -> None:
-        for module in reversed(list(self.modules())):
-            if module is not self and hasattr(module, "process_weights_after_loading"):
-                module.process_weights_after_loading()
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(_Head):
     def __init__(self, cfg, backend: AttentionBackend, max_positions: int, target_cfg):
         super().__init__()
         self.config = cfg
@@ -122,8 +130,6 @@ class Eagle3Head(nn.Module):
         ids = greedy_tokens(self.lm_head(states))
         return ids + self.d2t[ids]
 
-    def attention_layers(self):
-        return [layer.self_attn.attn for layer in self.layers]
 
     def load_weights(self, weights, target_embedding: torch.Tensor) -> None:
         renamed = []
@@ -140,10 +146,6 @@ class Eagle3Head(nn.Module):
             renamed.append(("embed_tokens.weight", target_embedding))
         load_stacked_weights(dict(self.named_parameters()), renamed)
 
-    def process_weights_after_loading(self) -> None:
-        for module in reversed(list(self.modules())):
-            if module is not self and hasattr(module, "process_weights_after_loading"):
-                module.process_weights_after_loading()
 
 
 def eagle3_aux_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
