@@ -112,6 +112,18 @@ def test_disconnect_frees_blocks(server):
     assert _metric(server, "tokenmill:num_requests_running") == 0
 
 
+def test_non_streamed_request_is_aborted_when_its_client_goes(server):
+    """The client gives up after a second; its request must stop within a few seconds, not run to 2,000 tokens."""
+    body = {"model": "smol", "prompt": "Tell me a long story", "max_tokens": 2000, "ignore_eos": True}
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.url + "/v1/completions", json=body, headers=_auth(), timeout=1.0)
+    deadline = time.time() + 10
+    while time.time() < deadline and _metric(server, "tokenmill:num_requests_running") > 0:
+        time.sleep(0.2)
+    assert _metric(server, "tokenmill:num_requests_running") == 0
+    assert _metric(server, "tokenmill:kv_cache_usage_perc") == 0
+
+
 def test_auth(server):
     r = requests.get(server.url + "/v1/models")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

@@ -35,6 +35,22 @@ logger = init_logger(__name__)
 _OPEN_PATHS = ("/health", "/metrics", "/version")
 
 
+class APIKeyMiddleware:
+    """Bearer-key check as plain ASGI. (FastAPI's @app.middleware("http") wraps `receive`, and a handler behind it
+    never saw its client disconnect: a non-streamed request kept running after the client had gone.)"""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not scope["path"].startswith(_OPEN_PATHS):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await error_response(401, "Unauthorized: a valid API key is required")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
               max_waiting_requests: int | None) -> FastAPI:
     ctx = ServingContext(engine, served_model_name, max_waiting_requests)
@@ -49,14 +65,8 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     app = FastAPI(title="tokenmill", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if api_key and not request.url.path.startswith(_OPEN_PATHS):
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return error_response(401, "Unauthorized: a valid API key is required")
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
