@@ -41,3 +41,20 @@ class PagedAttention(nn.Module):
         self.k_scale = max(float(k.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
         self.v_scale = max(float(v.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
         self.calibrate = False
+
+
+def allocate_kv_caches(layers: list[PagedAttention], num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: str, what: str) -> list[torch.Tensor]:
+    """One zeroed [2, num_blocks, block_size, Hkv, D] cache per attention layer, bound to it, and a log line. A
+    draft model or EAGLE head gets its own caches of the target's blocks this way, read through the same block
+    tables."""
+    from tokenmill.utils import format_bytes, init_logger
+
+    caches = [torch.zeros((2, num_blocks, block_size, layer.num_kv_heads, layer.head_dim), dtype=dtype, device=device)
+              for layer in layers]
+    for layer, cache in zip(layers, caches):
+        layer.kv_cache = cache
+    total = sum(t.numel() * t.element_size() for t in caches)
+    init_logger(__name__).info("%s: %d layers x %s %s = %s", what, len(caches), tuple(caches[0].shape),
+                               str(dtype).split(".")[-1], format_bytes(total))
+    return caches

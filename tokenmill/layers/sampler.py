@@ -49,22 +49,25 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """logits: [B, vocab] in the model's dtype, the step's own (the greedy path writes min_tokens' -inf into
         them); fp32 is made only when something needs more than an argmax."""
-        if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
-            if md.stop_token_mask:  # the one constraint that leaves greedy an argmax: -inf is exact in bf16
-                forbid_stop_tokens(logits, md.stop_token_mask)
-            return SamplerOutput(greedy_tokens(logits))
-        logits = logits.float()
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
-        logits = self._apply_constraints(logits, md)
+        logits, raw_logprobs = self.prepare(logits, md)
         greedy = greedy_tokens(logits)
-        if md.all_greedy:
-            sampled = greedy
-        else:
-            sampled = torch.where(md.temperature < _EPS, greedy, self._sample(logits, md))
+        sampled = greedy if md.all_greedy else torch.where(md.temperature < _EPS, greedy, self._sample(logits, md))
         out = SamplerOutput(sampled)
         if raw_logprobs is not None:
             gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs, out)
         return out
+
+    def prepare(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits every row's choice is made from (bias, min_tokens, penalties applied), and the log-softmax of
+        the raw logits when logprobs are asked. An all-greedy batch with nothing but min_tokens stays in the model's
+        dtype (-inf is exact in bf16); anything else is fp32."""
+        if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
+            if md.stop_token_mask:
+                forbid_stop_tokens(logits, md.stop_token_mask)
+            return logits, None
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
+        return self._apply_constraints(logits, md), raw_logprobs
 
     @staticmethod
     def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.layers.attention import allocate_kv_caches
 from tokenmill.layers.sampler import greedy_tokens
 from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.spec_decode.proposer import _NoObservation
-from tokenmill.utils import format_bytes, init_logger
+from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
 
@@ -35,13 +36,8 @@ class DraftModelProposer(_NoObservation):
         self.kv_caches: list[torch.Tensor] = []
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        m = self.model_config
-        shape = (2, num_blocks, block_size, m.num_kv_heads, m.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=DTYPES[m.dtype], device=self.device) for _ in range(m.num_layers)]
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache = cache
-        total = sum(t.numel() * t.element_size() for t in self.kv_caches)
-        logger.info("draft model KV cache: %d layers x %s = %s", m.num_layers, tuple(shape), format_bytes(total))
+        self.kv_caches = allocate_kv_caches(self.model.attention_layers(), num_blocks, block_size,
+                                            DTYPES[self.model_config.dtype], self.device, "draft model KV cache")
 
     def forget(self, req_ids: set[str]) -> None:
         for rid in req_ids:

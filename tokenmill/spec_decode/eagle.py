@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.layers.attention import allocate_kv_caches
 from tokenmill.model.eagle import Eagle3Head, EagleHead, eagle_checkpoint_tensors
 from tokenmill.model.loader import DTYPES
-from tokenmill.utils import format_bytes, init_logger
+from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
 
@@ -24,6 +25,7 @@ logger = init_logger(__name__)
 
 
 class EagleProposer:
+    observes = True
     def __init__(self, config: EngineConfig, backend, device: str, target: torch.nn.Module):
         self.k = config.speculative_config.num_speculative_tokens
         self.model_config = config.draft_model_config
@@ -37,13 +39,8 @@ class EagleProposer:
         self.last_states: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # mirror output at the newest token
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        m = self.model_config
-        shape = (2, num_blocks, block_size, m.num_kv_heads, m.head_dim)
-        caches = [torch.zeros(shape, dtype=DTYPES[m.dtype], device=self.device) for _ in range(m.num_layers)]
-        for layer, cache in zip(self.head.attention_layers(), caches):
-            layer.kv_cache = cache
-        logger.info("EAGLE head KV cache: %d layers x %s = %s", m.num_layers, tuple(shape),
-                    format_bytes(sum(t.numel() * t.element_size() for t in caches)))
+        allocate_kv_caches(self.head.attention_layers(), num_blocks, block_size, DTYPES[self.model_config.dtype],
+                           self.device, "EAGLE head KV cache")
 
     def forget(self, req_ids: set[str]) -> None:
         for rid in req_ids:

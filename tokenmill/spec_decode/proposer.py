@@ -18,6 +18,8 @@ from tokenmill.worker.input_batch import CachedRequestState
 
 
 class Proposer(Protocol):
+    observes: bool   # wants observe() every step (EAGLE); the others are not called for it
+
     def observe(self, states: list[CachedRequestState], qsl: np.ndarray, seq_lens: np.ndarray,
                 hidden: torch.Tensor) -> None:
         """Every step, after verification: the target's hidden states of the step's tokens (EAGLE reads them)."""
@@ -46,6 +48,8 @@ def make_proposer(config: EngineConfig, backend, device: str, target: torch.nn.M
 
 
 class _NoObservation:
+    observes = False
+
     def observe(self, states, qsl, seq_lens, hidden) -> None:
         pass
 

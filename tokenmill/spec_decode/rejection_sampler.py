@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.layers.sampler import _EPS, Sampler, SamplingMetadata, forbid_stop_tokens, greedy_tokens
+from tokenmill.layers.sampler import _EPS, Sampler, SamplingMetadata, greedy_tokens
 
 
 @dataclass
@@ -35,19 +35,12 @@ def rejection_sample(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadat
     for d in drafts:
         starts.append(row)
         row += len(d) + 1
-    raw_logprobs, probs = None, None
-    if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
-        if md.stop_token_mask:
-            forbid_stop_tokens(logits, md.stop_token_mask)
-        targets = greedy_tokens(logits).tolist()
-    else:
-        logits = logits.float()
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
-        logits = sampler._apply_constraints(logits, md)
-        targets = greedy_tokens(logits).tolist()
-        if not md.all_greedy:
-            probs = sampler.probs(logits, md)
-            probs = probs / probs.sum(dim=-1, keepdim=True)  # min-p leaves it unnormalised: acceptance needs p(x)
+    logits, raw_logprobs = sampler.prepare(logits, md)
+    targets = greedy_tokens(logits).tolist()
+    probs = None
+    if not md.all_greedy:
+        probs = sampler.probs(logits, md)
+        probs = probs / probs.sum(dim=-1, keepdim=True)  # min-p leaves it unnormalised: acceptance needs p(x)
     greedy = (md.temperature < _EPS).tolist()
     out_tokens: list[list[int]] = []
     out_rows: list[list[int]] = []

@@ -16,11 +16,12 @@ from tokenmill.attention.ops import kv_storage_dtype
 from tokenmill.attention.registry import get_backend
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.layers.attention import allocate_kv_caches
 from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, gather_logprobs
 from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.profiling import StepProfile
 from tokenmill.spec_decode.rejection_sampler import rejection_sample
-from tokenmill.utils import format_bytes, init_logger
+from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
 
@@ -67,16 +68,14 @@ class ModelRunner:
         self.proposer = make_proposer(self.config, backend, self.device, self.model)
 
     def initialize_kv_cache(self) -> None:
-        m, c = self.config.model_config, self.config.cache_config
-        shape = (2, c.num_blocks + 1, c.block_size, m.num_kv_heads, m.head_dim)  # +1: block 0 is the null block
-        dtype = kv_storage_dtype(c.cache_dtype, self.dtype)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(m.num_layers)]
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache = cache
+        c = self.config.cache_config
+        layers = self.model.attention_layers()
+        # +1: block 0 is the null block
+        self.kv_caches = allocate_kv_caches(layers, c.num_blocks + 1, c.block_size,
+                                            kv_storage_dtype(c.cache_dtype, self.dtype), self.device,
+                                            "allocated KV cache")
+        for layer in layers:
             layer.calibrate = c.calculate_kv_scales
-        total = sum(t.numel() * t.element_size() for t in self.kv_caches)
-        logger.info("allocated KV cache: %d layers x %s %s = %s", m.num_layers, tuple(shape), str(dtype).split(".")[-1],
-                    format_bytes(total))
         if self.proposer is not None:
             self.proposer.initialize_kv_cache(c.num_blocks + 1, c.block_size)
 
@@ -147,9 +146,10 @@ class ModelRunner:
                 self._sample(inp, hidden, result)
         if self.proposer is not None and self.speculation_enabled:
             with self.profile.phase("propose"):
-                md = inp.attn_metadata
-                self.proposer.observe([self.requests[r] for r in inp.req_ids], md.query_start_loc_np,
-                                      md.seq_lens_np, hidden)
+                if self.proposer.observes:
+                    md = inp.attn_metadata
+                    self.proposer.observe([self.requests[r] for r in inp.req_ids], md.query_start_loc_np,
+                                          md.seq_lens_np, hidden)
                 if inp.sampling_rows:
                     self._propose(inp, result)
         return result
