@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from tokenmill.structured_output.params import StructuredOutputsParams
+
 _SAMPLING_EPS = 1e-5
 
 
@@ -37,6 +39,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
     # Filled by the engine: the EOS ids of the model (unless ignore_eos) and stop_token_ids together.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -50,6 +53,8 @@ class SamplingParams:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as e:
                 raise ValueError(f"logit_bias keys must be token ids and values numbers: {e}") from e
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
         self._verify()

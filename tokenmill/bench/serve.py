@@ -42,6 +42,8 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrivals; 1 is Poisson.")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true", help="Force every output to --output-len tokens.")
+    p.add_argument("--extra-body", default=None, help="JSON object merged into every request body, e.g. "
+                   "'{\"response_format\": {...}}' to measure structured output.")
     p.add_argument("--tokenizer", default=None, help="Tokenizer for chat prompts (default: the embedded model's).")
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--output-json", default=None)
@@ -64,6 +66,8 @@ def _payload(ns, model: str, prompt_ids: list[int], prompt_text: str | None, out
         body["max_completion_tokens"] = output_len
     else:
         body["prompt"] = prompt_ids
+    if ns.extra_body:
+        body.update(json.loads(ns.extra_body))
     return body
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.sampling_params import SamplingParams
 
@@ -37,6 +38,7 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # draft tokens to verify, per request: they are the last of its scheduled tokens
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    grammar_bitmask: Any = None   # a structured_output GrammarBitmask when constrained requests sample this step
 
 
 @dataclass

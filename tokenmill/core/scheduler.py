@@ -214,8 +214,11 @@ class Scheduler:
             if n < len(new_ids):  # a stop among accepted drafts: what follows it was never said
                 new_ids = new_ids[:n]
                 logprobs = logprobs and (logprobs[0][:n], logprobs[1][:n], logprobs[2][:n])
-            elif rid in result.spec_token_ids and not req.status.finished:
-                req.spec_token_ids = result.spec_token_ids[rid]
+            if req.grammar is not None and not req.status.finished:
+                req.grammar.accept(new_ids)
+            if rid in result.spec_token_ids and not req.status.finished:
+                drafts = result.spec_token_ids[rid]
+                req.spec_token_ids = drafts[:req.grammar.num_valid(drafts)] if req.grammar is not None else drafts
             out = EngineCoreOutput(rid, new_ids, new_logprobs=logprobs,
                                    new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0),
                                    scheduled_time=req.first_scheduled_time if req.num_output_tokens <= len(new_ids)

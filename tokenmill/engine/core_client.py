@@ -42,7 +42,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
     inp.connect(input_addr)
     out = ctx.socket(zmq.PUSH)
     out.connect(output_addr)
-    core = EngineCore(config)
+    core = EngineCore(config, preload_grammar=True)
     out.send_multipart([READY, b""])
     encoder = msgspec.msgpack.Encoder()
     decode_req = msgspec.msgpack.Decoder(EngineCoreRequest).decode

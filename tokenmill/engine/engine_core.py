@@ -27,7 +27,9 @@ def validate_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, executor: Executor | None = None):
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, preload_grammar: bool = False):
+        from tokenmill.structured_output.manager import StructuredOutputManager
+
         self.config = config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         if executor is None:
@@ -37,7 +39,10 @@ class EngineCore:
         self.executor = executor
         self.profile = getattr(executor, "profile", None) or StepProfile()
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
+        self.structured_output = StructuredOutputManager(config.model_config, self.vocab_size)
         self._warm_up()
+        if preload_grammar:
+            self.structured_output.preload()
 
     def _warm_up(self) -> None:
         """One request through the whole step, so lazy initialisation (thread pools, kernel primitives, the
@@ -72,9 +77,10 @@ class EngineCore:
         sp.update_from_model(self.config.model_config.eos_token_ids, self.vocab_size)
         room = max_model_len - len(req.prompt_token_ids)
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
-        self.scheduler.add_request(Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
-                                           self.config.cache_config.block_size, req.arrival_time, req.priority,
-                                           req.cache_salt))
+        request = Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
+                          self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt)
+        request.grammar = self.structured_output.grammar_for(req.request_id, sp)
+        self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(request_ids, status)
@@ -89,6 +95,9 @@ class EngineCore:
             if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
                 self.executor.execute_model(so)
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+        with self.profile.phase("grammar_bitmask"):
+            so.grammar_bitmask = self.structured_output.grammar_bitmask(
+                so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, self.scheduler.requests)
         result = self.executor.execute_model(so)
         with self.profile.phase("update_from_output"):
             outputs = self.scheduler.update_from_output(so, result)

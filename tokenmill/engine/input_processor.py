@@ -72,6 +72,10 @@ class InputProcessor:
     def make_request(self, request_id: str, processed: ProcessedPrompt, params: SamplingParams,
                      arrival_time: float | None = None, priority: int = 0) -> EngineCoreRequest:
         params.update_from_model(self.model_config.eos_token_ids, self.vocab_size)
+        if params.structured_outputs is not None and not params.structured_outputs.grammar_text:
+            from tokenmill.structured_output.grammar_text import validate
+
+            validate(params.structured_outputs)
         return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
                                  arrival_time if arrival_time is not None else time.time(), priority,
                                  processed.cache_salt)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 import tokenmill.kernels as kernels
+from tokenmill.structured_output.bitmask import apply_token_bitmask
 
 _EPS = 1e-5
 
@@ -32,6 +33,7 @@ class SamplingMetadata:
     output_token_ids: list[list[int]] | None = None
     logit_bias: list[dict[int, float] | None] | None = None
     stop_token_mask: list[tuple[int, list[int]]] | None = None  # rows still under min_tokens: ids to forbid
+    token_bitmask: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, packed allowed tokens): grammars
 
 
 @dataclass
@@ -60,7 +62,10 @@ class Sampler:
     def prepare(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The logits every row's choice is made from (bias, min_tokens, penalties applied), and the log-softmax of
         the raw logits when logprobs are asked. An all-greedy batch with nothing but min_tokens stays in the model's
-        dtype (-inf is exact in bf16); anything else is fp32."""
+        dtype (-inf is exact in bf16); anything else is fp32. A grammar's mask comes first, so logprobs (like
+        vLLM's) are those of the constrained distribution."""
+        if md.token_bitmask is not None:
+            apply_token_bitmask(logits, *md.token_bitmask)
         if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
             if md.stop_token_mask:
                 forbid_stop_tokens(logits, md.stop_token_mask)

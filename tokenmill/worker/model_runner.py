@@ -21,6 +21,7 @@ from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, g
 from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.profiling import StepProfile
 from tokenmill.spec_decode.rejection_sampler import rejection_sample
+from tokenmill.structured_output.manager import GrammarBitmask
 from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
@@ -37,6 +38,7 @@ class StepInputs:
     logits_indices: np.ndarray     # token index of each sampling row (with drafts: one per draft, then the last)
     sampling_rows: list[int]       # batch rows that sample this step
     draft_ids: list[list[int]]     # per sampling row: the drafts verified this step (most often none)
+    grammar_bitmask: GrammarBitmask | None = None
 
 
 class ModelRunner:
@@ -124,7 +126,7 @@ class ModelRunner:
             ends = np.repeat(logits_indices + 1, counts)
             logits_indices = ends - np.concatenate([np.arange(c, 0, -1) for c in counts])
         return StepInputs(req_ids, input_ids, positions, md,
-                          logits_indices, sampling_rows.tolist(), draft_ids)
+                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -158,7 +160,9 @@ class ModelRunner:
         sampled = result.sampled_token_ids
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
         logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
-        out = self.sampler(logits, self._sampling_metadata(states))
+        md = self._sampling_metadata(states)
+        md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, 0) for s in states])
+        out = self.sampler(logits, md)
         token_ids = out.sampled.tolist()
         for row, state, tok in zip(inp.sampling_rows, states, token_ids):
             state.append_token(tok)
@@ -178,6 +182,8 @@ class ModelRunner:
         row_states = [s for s, d in zip(states, inp.draft_ids) for _ in range(len(d) + 1)]
         prefixes = [d[:j] for d in inp.draft_ids for j in range(len(d) + 1)]
         md = self._sampling_metadata(row_states, prefixes)
+        md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, len(p))
+                                                                    for s, p in zip(row_states, prefixes)])
         verified = rejection_sample(self.sampler, logits, md, inp.draft_ids, [s.generator for s in states])
         for row, state, toks in zip(inp.sampling_rows, states, verified.token_ids):
             for tok in toks:
@@ -197,6 +203,17 @@ class ModelRunner:
             return
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
         result.spec_token_ids = self.proposer.propose(states)
+
+    @staticmethod
+    def _bitmask_rows(gb: GrammarBitmask | None, rows: list[tuple[str, int]]):
+        """(logits rows, their mask rows) for the constrained rows; rows are (request, draft position)."""
+        if gb is None:
+            return None
+        pairs = [(i, gb.first_row[rid] + pos) for i, (rid, pos) in enumerate(rows) if rid in gb.first_row]
+        if not pairs:
+            return None
+        logit_rows, mask_rows = zip(*pairs)
+        return torch.tensor(logit_rows), gb.bitmask[list(mask_rows)]
 
     def _sampling_metadata(self, states: list[CachedRequestState],
                            draft_prefixes: list[list[int]] | None = None) -> SamplingMetadata:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
+from tokenmill.structured_output.reasoning import REASONING_PARSERS
+from tokenmill.structured_output.tool_parsers import TOOL_PARSERS
+
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
@@ -15,3 +19,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="On SIGTERM, seconds to let in-flight requests finish before they are aborted.")
     g.add_argument("--uvicorn-log-level", default="warning", help="Log level of uvicorn's own logger.")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="Let the model decide to call tools (tool_choice \"auto\"); needs --tool-call-parser.")
+    g.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                   help="How tool calls are read from the text: hermes (<tool_call>{...}</tool_call>, what "
+                        "tokenmill's own tool prompt asks for), llama3_json, pythonic.")
+    g.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                   help="Split <think>...</think> into reasoning_content; output constraints apply after it.")
+
+
+def chat_output_options(ns: argparse.Namespace) -> ChatOutputOptions:
+    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser")
+    reasoning = REASONING_PARSERS[ns.reasoning_parser] if ns.reasoning_parser else None
+    return ChatOutputOptions(ns.enable_auto_tool_choice, ns.tool_call_parser, reasoning)

@@ -25,5 +25,5 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
 
 def param_of(message: str) -> str | None:
     """Our ValueErrors start with the field they are about (`top_p must be ...`)."""
-    m = re.match(r"([a-z_]+) (must|has|is)\b", message)
+    m = re.match(r"([a-z_][a-z_0-9.\[\]]*) (must|has|is|names|cannot|does)\b", message)
     return m.group(1) if m else None

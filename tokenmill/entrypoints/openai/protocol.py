@@ -9,6 +9,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.structured_output.grammar_text import validate as validate_grammar
+from tokenmill.structured_output.params import StructuredOutputsParams
 
 
 def random_id(prefix: str) -> str:
@@ -48,6 +50,64 @@ class _SamplingRequest(BaseModel):
     priority: int = 0
     request_id: str | None = None
     cache_salt: str | None = None   # only requests with the same salt share cached prefix blocks (tenants)
+    # structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* names
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The one constraint the request asks for, checked (ValueError naming the field)."""
+        given = []
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, dict):
+                raise ValueError("structured_outputs must be an object")
+            fields = {k: v for k, v in self.structured_outputs.items()
+                      if k in StructuredOutputsParams.__dataclass_fields__ and k != "grammar_text"}
+            unknown = set(self.structured_outputs) - set(fields) - {"backend", "whitespace_pattern"}
+            if unknown:
+                raise ValueError(f"structured_outputs has unknown key(s) {sorted(unknown)}")
+            given.append(("structured_outputs", fields))
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                given.append((name, {key: getattr(self, name)}))
+        rf = self._response_format()
+        if rf is not None:
+            given.append(rf)
+        if not given:
+            return None
+        if len(given) > 1:
+            raise ValueError(f"structured_outputs must be one constraint, not {[g[0] for g in given]}")
+        field_name, fields = given[0]
+        try:
+            params = StructuredOutputsParams(**fields)
+        except TypeError as e:
+            raise ValueError(f"{field_name} is malformed: {e}") from e
+        if field_name == "structured_outputs":
+            field_name = f"structured_outputs.{params.kind}"
+        return validate_grammar(params, field_name)
+
+    def _response_format(self) -> tuple[str, dict] | None:
+        rf = self.response_format
+        if rf is None:
+            return None
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return "response_format", {"json_object": True}
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+                raise ValueError("response_format.json_schema must be an object with a 'schema' object")
+            return "response_format.json_schema.schema", {"json": js.get("schema") or {"type": "object"}}
+        if kind == "structural_tag":
+            return "response_format", {"structural_tag": {k: v for k, v in rf.items() if k != "type"}}
+        raise ValueError("response_format.type must be one of text, json_object, json_schema, structural_tag, "
+                         f"got {kind!r}")
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
                          default_max_tokens: int) -> SamplingParams:
@@ -60,7 +120,7 @@ class _SamplingRequest(BaseModel):
             max_tokens=max_tokens if max_tokens is not None else default_max_tokens, min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=self.logit_bias,
+            logit_bias=self.logit_bias, structured_outputs=self.structured_outputs_params(),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 
@@ -95,6 +155,9 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tokenmill import __version__
 from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill.engine.core_client import EngineDeadError
+from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
+from tokenmill.entrypoints.openai.cli_args import chat_output_options
 from tokenmill.entrypoints.openai.errors import APIError, error_response
 from tokenmill.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -52,8 +54,8 @@ class APIKeyMiddleware:
 
 
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
-              max_waiting_requests: int | None) -> FastAPI:
-    ctx = ServingContext(engine, served_model_name, max_waiting_requests)
+              max_waiting_requests: int | None, chat_options: ChatOutputOptions | None = None) -> FastAPI:
+    ctx = ServingContext(engine, served_model_name, max_waiting_requests, chat_options)
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
 
     @asynccontextmanager
@@ -164,7 +166,7 @@ def run_server(ns: argparse.Namespace) -> int:
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
     metrics = Metrics(name)
     engine = AsyncLLM(config, stat_observers=[metrics.record_engine])
-    app = build_app(engine, metrics, name, api_key, ns.max_waiting_requests)
+    app = build_app(engine, metrics, name, api_key, ns.max_waiting_requests, chat_output_options(ns))
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

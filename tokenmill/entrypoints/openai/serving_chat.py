@@ -8,6 +8,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.input_processor import check_cache_salt
+from tokenmill.entrypoints.openai.chat_output import ChatDeltaStream, chat_message, finish_reason, tool_parser_for
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, now, random_id
 from tokenmill.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -18,6 +19,16 @@ from tokenmill.entrypoints.openai.serving_common import (
     value_error,
 )
 from tokenmill.outputs import CompletionOutput
+from tokenmill.structured_output.grammar_text import validate as validate_grammar
+from tokenmill.structured_output.reasoning import after_reasoning
+from tokenmill.structured_output.tools import (
+    ToolChoice,
+    check_tools,
+    messages_without_tool_support,
+    resolve_tool_choice,
+    template_takes_tools,
+    tool_constraint,
+)
 
 
 def template_messages(req) -> list[dict]:
@@ -50,37 +61,80 @@ class OpenAIServingChat:
         ctx, engine = self.ctx, self.ctx.engine
         ctx.check_model(req.model)
         given = req.max_completion_tokens is not None or req.max_tokens is not None
+        options = ctx.chat_options
         try:
-            text = engine.input_processor.apply_chat_template(template_messages(req), req.add_generation_prompt,
-                                                              req.chat_template, **(req.chat_template_kwargs or {}))
+            functions = check_tools(req.tools)
+            choice = resolve_tool_choice(req.tool_choice, functions, options.enable_auto_tool_choice
+                                         and options.tool_call_parser is not None)
+            text = self._render(req, functions, choice)
             prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
         except ValueError as e:
             raise value_error(e) from e
         params = sampling_params(req.to_sampling_params, ctx.max_model_len - len(prompt.prompt_token_ids))
+        try:
+            self._constrain(params, choice, functions, req.parallel_tool_calls)
+        except ValueError as e:
+            raise value_error(e) from e
         ctx.check_length(prompt, params, given)
         ctx.check_capacity()
         rid = req.request_id or random_id("chatcmpl")
         stream = engine.generate(prompt, params, rid, req.priority)
+        parser = tool_parser_for(choice, options)
         if req.stream:
-            return StreamingResponse(self._stream(req, rid, prompt, stream), media_type="text/event-stream")
-        return JSONResponse(await until_disconnected(raw, self._full(rid, prompt, stream, req.top_logprobs or 0)))
+            return StreamingResponse(self._stream(req, rid, prompt, stream, parser, choice),
+                                     media_type="text/event-stream")
+        return JSONResponse(await until_disconnected(raw, self._full(rid, prompt, stream, req.top_logprobs or 0,
+                                                                     parser, choice)))
 
-    async def _full(self, rid: str, prompt, stream, top_k: int) -> dict:
+    def _render(self, req: ChatCompletionRequest, functions: dict, choice: ToolChoice) -> str:
+        """The prompt text: tools go through the model's template when it takes them; otherwise (and for
+        messages that carry tool calls or results) tokenmill writes them in the <tool_call> form."""
+        ip = self.ctx.engine.input_processor
+        template = req.chat_template or getattr(ip.tokenizer, "chat_template", None)
+        messages = template_messages(req)
+        kwargs = dict(req.chat_template_kwargs or {})
+        shown = functions if choice.mode != "none" else {}
+        if template_takes_tools(template):
+            if shown:
+                kwargs["tools"] = req.tools
+        elif shown or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            messages = messages_without_tool_support(messages, shown)
+        return ip.apply_chat_template(messages, req.add_generation_prompt, req.chat_template, **kwargs)
+
+    def _constrain(self, params, choice: ToolChoice, functions: dict, parallel: bool) -> None:
+        """A required or named tool choice generates under the functions' schemas; with a reasoning parser the
+        constraint starts after </think>."""
+        tool = tool_constraint(choice, functions, parallel)
+        if tool is not None:
+            if params.structured_outputs is not None:
+                raise ValueError(f"tool_choice cannot be {choice.mode!r} together with another output constraint "
+                                 "(response_format or structured_outputs)")
+            params.structured_outputs = validate_grammar(*tool)
+        so = params.structured_outputs
+        if so is not None and self.ctx.chat_options.reasoning_parser is not None:
+            so.grammar_text = after_reasoning(so.grammar_text)
+
+    async def _full(self, rid: str, prompt, stream, top_k: int, parser, choice: ToolChoice) -> dict:
         final = None
         async for ro in stream:
             final = ro
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(c, top_k), "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason} for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            message, called = chat_message(c.text, parser, self.ctx.chat_options.reasoning_parser)
+            choices.append({"index": c.index, "message": message, "logprobs": chat_logprobs(c, top_k),
+                            "finish_reason": finish_reason(c.finish_reason, choice, called),
+                            "stop_reason": c.stop_reason})
         completion = sum(len(c.token_ids) for c in final.outputs)
         n_prompt = len(prompt.prompt_token_ids)
         return {"id": rid, "object": "chat.completion", "created": now(), "model": self.ctx.served_model_name,
                 "choices": choices, "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion,
                                               "total_tokens": n_prompt + completion}}
 
-    async def _stream(self, req: ChatCompletionRequest, rid: str, prompt, stream) -> AsyncIterator[str]:
+    async def _stream(self, req: ChatCompletionRequest, rid: str, prompt, stream, parser,
+                      choice: ToolChoice) -> AsyncIterator[str]:
         created, model = now(), self.ctx.served_model_name
+        deltas = [ChatDeltaStream(parser, self.ctx.chat_options.reasoning_parser) for _ in range(req.n)]
 
         def chunk(choices: list[dict], **extra) -> str:
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -94,10 +148,12 @@ class OpenAIServingChat:
                 choices = []
                 for c in ro.outputs:
                     completion += len(c.token_ids)
-                    delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                    ds = deltas[c.index]
+                    delta = ds.update(c.text, c.finish_reason is not None)
                     choices.append({"index": c.index, "delta": delta,
                                     "logprobs": chat_logprobs(c, req.top_logprobs or 0),
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                    "finish_reason": finish_reason(c.finish_reason, choice, ds.called),
+                                    "stop_reason": c.stop_reason})
                 yield chunk(choices)
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band
             yield sse({"error": {"message": str(e), "type": "internal_server_error", "param": None, "code": 500}})

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill.engine.input_processor import ProcessedPrompt
+from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
 from tokenmill.entrypoints.openai.errors import APIError, param_of
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
@@ -19,8 +20,10 @@ from tokenmill.sampling_params import SamplingParams
 class ServingContext:
     """Server-wide settings the handlers need."""
 
-    def __init__(self, engine: AsyncLLM, served_model_name: str, max_waiting_requests: int | None):
+    def __init__(self, engine: AsyncLLM, served_model_name: str, max_waiting_requests: int | None,
+                 chat_options: ChatOutputOptions | None = None):
         self.engine = engine
+        self.chat_options = chat_options or ChatOutputOptions()
         self.served_model_name = served_model_name
         self.max_model_len = engine.config.scheduler_config.max_model_len
         self.max_waiting_requests = max_waiting_requests
