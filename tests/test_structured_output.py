@@ -141,6 +141,15 @@ def test_n_children_each_follow_the_grammar(llm):
         jsonschema.validate(json.loads(c.text), SCHEMAS["flat"])
 
 
+def test_min_tokens_yields_to_a_finished_grammar(llm):
+    """min_tokens forbids EOS, a finished grammar allows only EOS: the grammar wins and the request ends."""
+    for temp in (0.0, 1.0):
+        out = llm.generate([chat(llm, "Yes or no?")], SamplingParams(
+            temperature=temp, seed=1, max_tokens=20, min_tokens=10,
+            structured_outputs=StructuredOutputsParams(choice=["yes", "no"])), use_tqdm=False)[0].outputs[0]
+        assert out.text in ("yes", "no") and out.finish_reason == "stop"
+
+
 def test_compiled_once_per_distinct_grammar(llm):
     backend = llm.engine_core.structured_output.backend()
     before = (backend.stats.num_compiled, backend.stats.num_cache_hits)

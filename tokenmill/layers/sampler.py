@@ -68,7 +68,7 @@ class Sampler:
             apply_token_bitmask(logits, *md.token_bitmask)
         if md.all_greedy and md.max_num_logprobs is None and md.logit_bias is None and md.repetition_penalty is None:
             if md.stop_token_mask:
-                forbid_stop_tokens(logits, md.stop_token_mask)
+                forbid_stop_tokens(logits, md.stop_token_mask, md.token_bitmask is not None)
             return logits, None
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if md.max_num_logprobs is not None else None
@@ -82,7 +82,7 @@ class Sampler:
                     ids = torch.tensor(list(bias.keys()))
                     logits[row, ids] += torch.tensor(list(bias.values()))
         if md.stop_token_mask:
-            forbid_stop_tokens(logits, md.stop_token_mask)
+            forbid_stop_tokens(logits, md.stop_token_mask, md.token_bitmask is not None)
         if md.repetition_penalty is not None:
             logits = apply_penalties(logits, md)
         return logits
@@ -113,12 +113,20 @@ class Sampler:
         return (probs / q).max(dim=-1).indices
 
 
-def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, list[int]]]) -> None:
+def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, list[int]]],
+                       grammar_first: bool = False) -> None:
     """-inf at each (row, stop id) of the rows still under min_tokens, in one indexed write (a write per row
-    cost ~1 ms a step at 128 rows)."""
+    cost ~1 ms a step at 128 rows). With grammars, a finished grammar allows only EOS: there min_tokens yields,
+    rather than leave a row with nothing to choose."""
     rows = [row for row, ids in stop_token_mask for _ in ids]
     cols = [i for _, ids in stop_token_mask for i in ids]
+    under = torch.tensor([row for row, _ in stop_token_mask])
+    saved = logits[under] if grammar_first else None
     logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
+    if saved is not None:
+        empty = torch.isneginf(logits[under]).all(dim=-1)
+        if bool(empty.any()):
+            logits[under[empty]] = saved[empty]
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
