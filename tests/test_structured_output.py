@@ -9,6 +9,7 @@ import re
 
 import jsonschema
 import pytest
+import torch
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.structured_output import StructuredOutputsParams
@@ -215,3 +216,49 @@ def test_lossless_with_speculative_decoding_and_preemption():
     assert tight.engine_core.scheduler.num_preemptions > 0
     for ids in ref:
         jsonschema.validate(json.loads(tok.decode(ids, skip_special_tokens=True)), SCHEMAS["array_of_objects"])
+
+
+def test_new_grammars_compile_off_the_engine_step(llm, monkeypatch):
+    """A grammar not yet compiled waits beside the scheduler (the engine keeps stepping for the others); an abort
+    while it compiles drops it; a grammar that fails to compile fails only its request."""
+    core = llm.engine_core
+    schema = {"type": "object", "properties": {"async_only": {"type": "boolean"}}, "required": ["async_only"]}
+    llm.generate([chat(llm, "x")], sampled(0.0, 0, StructuredOutputsParams(json={**schema, "title": "a"}), 16),
+                 use_tqdm=False)
+    assert not core.waiting_for_grammar and not core.has_unfinished_requests()
+
+    request = llm.input_processor.make_request("pending", llm.input_processor.process_prompt("hi"),
+                                               sampled(0.0, 0, StructuredOutputsParams(json={**schema, "title": "b"})))
+    core.add_request(request)
+    assert "pending" in core.waiting_for_grammar and core.has_unfinished_requests()
+    core.abort_requests(["pending"])
+    assert not core.has_unfinished_requests()
+
+    backend = core.structured_output.backend()
+    monkeypatch.setattr(backend, "compile", lambda *a, **k: (_ for _ in ()).throw(ValueError("no luck")))
+    bad = sampled(0.0, 0, StructuredOutputsParams(json={**schema, "title": "c"}))
+    with pytest.raises(ValueError, match="no luck"):
+        llm.generate([chat(llm, "x")], bad, use_tqdm=False)
+    assert not core.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_bitmask_kernel_matches_torch(dtype):
+    from tokenmill.structured_output.bitmask import _native, apply_token_bitmask, apply_token_bitmask_torch
+
+    if not _native():
+        pytest.skip("native kernels not built")
+    g = torch.Generator().manual_seed(0)
+    vocab = 49152 + 7   # not a multiple of 32: the last word's extra bits must be ignored
+    logits = torch.randn(9, vocab, generator=g).to(dtype)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, words), generator=g, dtype=torch.int32)
+    bitmask[0] = -1                  # all allowed
+    bitmask[1] = 0                   # nothing allowed
+    bitmask[2, ::3] = -1
+    rows = torch.tensor([8, 0, 3, 5, 1])
+    ours, ref = logits.clone(), logits.clone()
+    apply_token_bitmask(ours, rows, bitmask)
+    apply_token_bitmask_torch(ref, rows, bitmask)
+    assert torch.equal(ours, ref)
+    assert torch.isneginf(ours[0]).all() and not torch.isneginf(ours[8]).any()

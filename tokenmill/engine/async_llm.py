@@ -102,7 +102,9 @@ class AsyncLLM:
             entry = self.output_processor.children.get(cid)
             if entry is not None:
                 parent = entry[0]
-                self.output_processor.abort_request(parent.request_id)
+                siblings = [c for c in self.output_processor.abort_request(parent.request_id) if c != cid]
+                if siblings:   # the other completions of an n > 1 request stop too
+                    asyncio.create_task(self.client.abort_requests(siblings))
                 parent.queue.put_nowait(ValueError(message))
         results, to_abort = self.output_processor.process_outputs(outputs.outputs)
         for parent, ro in results:

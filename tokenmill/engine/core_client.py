@@ -71,7 +71,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
                         core.abort_requests(decode_ids(payload))
             if core.has_unfinished_requests():
                 outputs = core.step()
-                outputs.errors = errors
+                outputs.errors.update(errors)
                 out.send_multipart([b"OUT", encoder.encode(outputs)])
             elif had_input:
                 stats = core.scheduler.make_stats()

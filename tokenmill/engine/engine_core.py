@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from tokenmill.config import EngineConfig
 from tokenmill.core.scheduler import Scheduler
@@ -40,6 +41,7 @@ class EngineCore:
         self.profile = getattr(executor, "profile", None) or StepProfile()
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
         self.structured_output = StructuredOutputManager(config.model_config, self.vocab_size)
+        self.waiting_for_grammar: dict[str, tuple[Request, Future]] = {}
         self._warm_up()
         if preload_grammar:
             self.structured_output.preload()
@@ -79,22 +81,51 @@ class EngineCore:
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
         request = Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
                           self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt)
-        request.grammar = self.structured_output.grammar_for(req.request_id, sp)
+        grammar = self.structured_output.grammar_for(req.request_id, sp)
+        if isinstance(grammar, Future):   # compiling: the request joins the scheduler when its grammar is ready
+            self.waiting_for_grammar[req.request_id] = (request, grammar)
+            return
+        request.grammar = grammar
         self.scheduler.add_request(request)
 
+    def _admit_compiled(self) -> dict[str, str]:
+        """Requests whose grammar finished compiling go to the scheduler; a grammar that failed fails its request
+        (the error goes back in the step's outputs). With nothing else to run, wait a little for one."""
+        pending = self.waiting_for_grammar
+        if not pending:
+            return {}
+        if not self.scheduler.has_unfinished_requests():
+            wait([f for _, f in pending.values()], timeout=0.05, return_when=FIRST_COMPLETED)
+        errors = {}
+        for rid, (request, future) in list(pending.items()):
+            if not future.done():
+                continue
+            del pending[rid]
+            try:
+                request.grammar = future.result()
+            except ValueError as e:
+                errors[rid] = str(e)
+                continue
+            self.scheduler.add_request(request)
+        return errors
+
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        for rid in request_ids:
+            self.waiting_for_grammar.pop(rid, None)
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.waiting_for_grammar)
 
     def step(self) -> EngineCoreOutputs:
+        errors = self._admit_compiled()
         with self.profile.phase("schedule"):
             so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
             if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
                 self.executor.execute_model(so)
-            return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+            return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
+                                     errors=errors)
         with self.profile.phase("grammar_bitmask"):
             so.grammar_bitmask = self.structured_output.grammar_bitmask(
                 so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, self.scheduler.requests)
@@ -102,7 +133,8 @@ class EngineCore:
         with self.profile.phase("update_from_output"):
             outputs = self.scheduler.update_from_output(so, result)
         self.profile.steps += 1
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
+                                 errors=errors)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -80,6 +80,9 @@ class LLM:
         try:
             while self.engine_core.has_unfinished_requests():
                 step = self.engine_core.step()
+                if step.errors:   # a grammar that failed to compile (rare: the front end checked it)
+                    rid, message = next(iter(step.errors.items()))
+                    raise ValueError(f"request {rid}: {message}")
                 outputs = step.outputs
                 if step.scheduler_stats is not None:
                     self.spec_decoding_stats.add(step.scheduler_stats)

@@ -75,23 +75,37 @@ class LLGuidanceBackend:
         self.cache_size = cache_size
         self.stats = GrammarStats()
 
+    def cached(self, grammar_text: str, request_id: str = "") -> LLGuidanceGrammar | None:
+        """A matcher copied from the compiled grammar, or None when this grammar has not been compiled."""
+        template = self.cache.get(grammar_text)
+        if template is None:
+            return None
+        self.cache.move_to_end(grammar_text)
+        self.stats.num_cache_hits += 1
+        return LLGuidanceGrammar(template.deep_copy(), request_id)
+
     def compile(self, grammar_text: str, request_id: str = "") -> LLGuidanceGrammar:
+        """Build the grammar and its first mask (llguidance builds lexer states lazily: a large schema's first mask
+        took 1.4 s here, which must not be paid inside an engine step), then cache it. Thread-safe enough for one
+        compiling thread: the cache is only written here."""
         import llguidance
 
-        template = self.cache.get(grammar_text)
-        if template is not None:
-            self.cache.move_to_end(grammar_text)
-            self.stats.num_cache_hits += 1
-        else:
-            t0 = time.perf_counter()
-            template = llguidance.LLMatcher(self.ll_tokenizer, grammar_text, log_level=0)
-            if template.is_error():
-                raise ValueError(f"the grammar does not compile: {template.get_error()}")
-            self.stats.compile_seconds += time.perf_counter() - t0
-            self.stats.num_compiled += 1
-            self.cache[grammar_text] = template
-            if len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+        hit = self.cached(grammar_text, request_id)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        template = llguidance.LLMatcher(self.ll_tokenizer, grammar_text, log_level=0)
+        if not template.is_error():
+            scratch = template.deep_copy()
+            mask = torch.empty(1, (self.vocab_size + 31) // 32, dtype=torch.int32)
+            scratch.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
+        if template.is_error():
+            raise ValueError(f"the grammar does not compile: {template.get_error()}")
+        self.stats.compile_seconds += time.perf_counter() - t0
+        self.stats.num_compiled += 1
+        self.cache[grammar_text] = template
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
         return LLGuidanceGrammar(template.deep_copy(), request_id)
 
     def fill_bitmask(self, rows: list[tuple[LLGuidanceGrammar, int, list[int]]], bitmask: torch.Tensor) -> None:

@@ -1,6 +1,8 @@
-"""Applying packed token bitmasks to logits rows."""
+"""Applying packed token bitmasks to logits rows: the native kernel when built, else torch (the reference)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -13,7 +15,22 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """-inf, in place, at every token the row's mask forbids; logits row rows[i] takes mask row i."""
+def apply_token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     allowed = allowed_tokens(bitmask, logits.shape[-1])
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+@functools.lru_cache(maxsize=1)
+def _native() -> bool:
+    from tokenmill.kernels.build import load_cpu_kernels
+
+    return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "apply_token_bitmask")
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """-inf, in place, at every token the row's mask forbids; logits row rows[i] takes mask row i."""
+    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() == 2
+            and logits.stride(1) == 1 and _native()):
+        torch.ops.tokenmill.apply_token_bitmask(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())
+    else:
+        apply_token_bitmask_torch(logits, rows, bitmask)

@@ -9,6 +9,7 @@ scheduled, and verified under one mask per draft position.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self._backend: LLGuidanceBackend | None = None
         self._lock = threading.Lock()
+        self._compiler: ThreadPoolExecutor | None = None
 
     def preload(self) -> None:
         """Load the tokenizer and build llguidance's token trie on a thread, so the first constrained request of
@@ -49,7 +51,9 @@ class StructuredOutputManager:
                 self._backend = LLGuidanceBackend(tokenizer, self.vocab_size, self.model_config.eos_token_ids)
             return self._backend
 
-    def grammar_for(self, request_id: str, params) -> LLGuidanceGrammar | None:
+    def grammar_for(self, request_id: str, params) -> LLGuidanceGrammar | Future | None:
+        """The request's grammar: None without a constraint, a ready matcher when its grammar is compiled, else a
+        Future of it, compiled on a thread while the engine keeps stepping (llguidance releases the GIL)."""
         so = params.structured_outputs
         if so is None:
             return None
@@ -57,7 +61,13 @@ class StructuredOutputManager:
             from tokenmill.structured_output.grammar_text import validate
 
             validate(so)
-        return self.backend().compile(so.grammar_text, request_id)
+        if self._backend is not None:
+            hit = self._backend.cached(so.grammar_text, request_id)
+            if hit is not None:
+                return hit
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        return self._compiler.submit(lambda: self.backend().compile(so.grammar_text, request_id))
 
     def grammar_bitmask(self, scheduled: dict[str, int], drafts: dict[str, list[int]],
                         requests: dict) -> GrammarBitmask | None:
