@@ -74,6 +74,11 @@ class LLGuidanceBackend:
         self.cache: OrderedDict[str, object] = OrderedDict()
         self.cache_size = cache_size
         self.stats = GrammarStats()
+        # The executor's first batch takes ~1.5 s here (its threads and per-vocabulary tables), whatever the grammar:
+        # pay it now, off the engine step, not in the first constrained request's step.
+        warm = llguidance.LLMatcher(self.ll_tokenizer, llguidance.LLMatcher.grammar_from_regex("[0-9]"), log_level=0)
+        self.fill_bitmask([(LLGuidanceGrammar(warm), 0, [])],
+                          torch.empty(1, (vocab_size + 31) // 32, dtype=torch.int32))
 
     def cached(self, grammar_text: str, request_id: str = "") -> LLGuidanceGrammar | None:
         """A matcher copied from the compiled grammar, or None when this grammar has not been compiled."""
@@ -85,9 +90,8 @@ class LLGuidanceBackend:
         return LLGuidanceGrammar(template.deep_copy(), request_id)
 
     def compile(self, grammar_text: str, request_id: str = "") -> LLGuidanceGrammar:
-        """Build the grammar and its first mask (llguidance builds lexer states lazily: a large schema's first mask
-        took 1.4 s here, which must not be paid inside an engine step), then cache it. Thread-safe enough for one
-        compiling thread: the cache is only written here."""
+        """Build the grammar and its first mask (llguidance builds lexer states lazily), then cache it. One thread
+        compiles (the engine core's compile thread): the cache is only written here."""
         import llguidance
 
         hit = self.cached(grammar_text, request_id)

@@ -45,7 +45,7 @@ def main() -> None:
     tok = load_tokenizer(embedded_model_path())
     t0 = time.perf_counter()
     backend = LLGuidanceBackend(tok, 49152, (2,))
-    print(f"tokenizer trie (once per engine): {1e3 * (time.perf_counter() - t0):.0f} ms")
+    print(f"tokenizer trie and mask threads, once per engine: {1e3 * (time.perf_counter() - t0):.0f} ms")
     schema = large_schema()
     text = json.dumps(schema)
     print(f"schema: {len(text)} characters, {sum(len(s['properties']) for s in schema['properties'].values())} "

@@ -16,7 +16,11 @@ bench() {  # url label rate extra...
 $PY -m tokenmill.cli.main serve --port 8093 > $OUT/tokenmill.server.log 2>&1 &
 pid=$!
 for i in $(seq 120); do curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8093/health | grep -q 200 && break; sleep 1; done
-for rep in 1 2; do
+# a warm-up pass of each mode first (the first run after start pays page faults, the grammar threads, a compile)
+bench http://127.0.0.1:8093 warmup_none 8 --ignore-eos --num-prompts 16
+bench http://127.0.0.1:8093 warmup_json 8 --num-prompts 16 --extra-body "{\"structured_outputs\": {\"json\": $SCHEMA}}"
+rm -f $OUT/warmup_*.json
+for rep in $(seq ${REPS:-2}); do
   for rate in 2 inf; do
     bench http://127.0.0.1:8093 tm_none_r${rate}_$rep $rate --ignore-eos
     bench http://127.0.0.1:8093 tm_json_r${rate}_$rep $rate --extra-body "{\"structured_outputs\": {\"json\": $SCHEMA}}"
@@ -26,6 +30,7 @@ curl -s 127.0.0.1:8093/metrics | grep -E "^tokenmill:(generation_tokens_total|nu
 kill $pid; wait $pid 2>/dev/null
 $PY docs/benchmarks/2026-11-30-structured/grammar_compile.py > $OUT/grammar_compile.log 2>&1
 echo done > $OUT/DONE_TM
+[ -n "$SKIP_VLLM" ] && exit 0
 # vLLM's CPU build (xgrammar, its default backend), same workload and schema
 VPY=/tmp/peers/vllmcpu/bin/python
 export VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0
