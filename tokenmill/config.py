@@ -65,6 +65,8 @@ class EngineArgs:
     max_num_seqs: int = _arg(256, "Most requests running at once.")
     scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first).",
                                   choices=["fcfs", "priority"])
+    max_queue_time: float | None = _arg(None, "Seconds a request may wait before it is first scheduled; past it, "
+                                              "the engine aborts it and the client gets an error (overload).")
     attention_backend: str | None = _arg(None, "Attention backend (default: the platform's fastest).")
     served_model_name: str | None = _arg(None, "The model name the API reports and accepts.")
     cpu_bind: str = _arg("auto", "CPU threads of the engine: auto (one per physical core, each pinned to its "
@@ -105,12 +107,15 @@ class EngineArgs:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_queue_time is not None and self.max_queue_time <= 0:
+            raise ValueError(f"max_queue_time must be positive, got {self.max_queue_time}")
         batched = self.max_num_batched_tokens
         if not self.enable_chunked_prefill:
             batched = max(batched, max_model_len)
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
+            max_queue_time=self.max_queue_time,
             num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
         if self.cpu_bind not in ("auto", "none"):
@@ -169,6 +174,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
     num_lookahead_tokens: int = 0       # KV slots a draft model writes past the scheduled tokens
+    max_queue_time: float | None = None  # seconds a request may wait before its first step
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ aborts the request in the engine at once, so its blocks are freed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,54 @@ from tokenmill.utils import init_logger
 logger = init_logger(__name__)
 
 
+class RequestTimeoutError(Exception):
+    """The request ran past its deadline (`timeout`, --request-timeout) or waited past --max-queue-time."""
+
+
+class RequestStream:
+    """The outputs of one request. Leaving the iteration early aborts it in the engine; a stream that is never
+    iterated (its response never started) is forgotten when it is collected. `on_close` callbacks run once,
+    whichever way it ends (the server's admission counters)."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, reqs: list, queue: asyncio.Queue):
+        self.engine, self.request_id, self.reqs, self.queue = engine, request_id, reqs, queue
+        self.started = self.finished = self.closed = False
+        self.on_close: list[Callable[[], None]] = []
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        self.started = True
+        try:
+            for req in self.reqs:
+                await self.engine.client.add_request(req)
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+                if self.finished:
+                    return
+        finally:
+            if not self.finished:
+                await self.engine.abort(self.request_id)
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for callback in self.on_close:
+                callback()
+
+    def __del__(self) -> None:
+        if not self.started and not self.closed:
+            self.engine.output_processor.abort_request(self.request_id)
+            self.close()
+
+
 class AsyncLLM:
     def __init__(self, config: EngineConfig, stat_observers: list[Callable[[EngineCoreOutputs], None]] | None = None,
                  output_observers: list[Callable[[RequestOutput], None]] | None = None):
@@ -37,6 +86,8 @@ class AsyncLLM:
         self.dead = False
         self._loop_task: asyncio.Task | None = None
         self.on_dead: Callable[[], None] | None = None
+        self.last_progress = time.monotonic()   # when the engine last sent outputs (or work last arrived idle)
+        self.finish_times: collections.deque[float] = collections.deque(maxlen=256)   # the drain rate
 
     async def start(self) -> None:
         t0 = time.perf_counter()
@@ -49,31 +100,33 @@ class AsyncLLM:
     def num_unfinished(self) -> int:
         return len(self.output_processor.parents)
 
-    async def generate(self, prompt: ProcessedPrompt, params: SamplingParams, request_id: str,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+    def stalled_for(self) -> float:
+        """Seconds since the engine last sent outputs while requests are pending (0 when idle)."""
+        return time.monotonic() - self.last_progress if self.output_processor.parents else 0.0
+
+    def generate(self, prompt: ProcessedPrompt, params: SamplingParams, request_id: str, priority: int = 0,
+                 timeout: float | None = None) -> RequestStream:
+        """Registers the request at once (so it counts against admission bounds before the caller yields, and a
+        bad parameter raises here, before any response starts); iterating the stream sends it to the engine.
+        `timeout`: seconds from now after which the engine aborts it (RequestTimeoutError)."""
         if self.dead:
             raise EngineDeadError("the engine core is not running")
         queue: asyncio.Queue = asyncio.Queue()
         now = time.time()
+        if not self.output_processor.parents:
+            self.last_progress = time.monotonic()   # idle until now: the stall clock starts with this request
         child_ids = self.output_processor.add_request(request_id, prompt.prompt, prompt.prompt_token_ids, params,
                                                       now, queue=queue)
-        finished = False
         try:
-            for index, cid in enumerate(child_ids):
-                req = self.input_processor.make_request(cid, prompt, child_params(params, index), now, priority)
-                await self.client.add_request(req)
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                await self.abort(request_id)
+            reqs = [self.input_processor.make_request(cid, prompt, child_params(params, index), now, priority)
+                    for index, cid in enumerate(child_ids)]
+        except BaseException:
+            self.output_processor.abort_request(request_id)
+            raise
+        if timeout is not None:
+            for req in reqs:
+                req.deadline = now + timeout
+        return RequestStream(self, request_id, reqs, queue)
 
     async def abort(self, request_id: str) -> None:
         ids = self.output_processor.abort_request(request_id)
@@ -98,17 +151,22 @@ class AsyncLLM:
             self._handle(outputs)
 
     def _handle(self, outputs: EngineCoreOutputs) -> None:
-        for cid, message in outputs.errors.items():
+        self.last_progress = time.monotonic()
+        failed = [(cid, ValueError(m)) for cid, m in outputs.errors.items()]
+        failed += [(cid, RequestTimeoutError(m)) for cid, m in outputs.timed_out.items()]
+        for cid, error in failed:
             entry = self.output_processor.children.get(cid)
             if entry is not None:
                 parent = entry[0]
                 siblings = [c for c in self.output_processor.abort_request(parent.request_id) if c != cid]
                 if siblings:   # the other completions of an n > 1 request stop too
                     asyncio.create_task(self.client.abort_requests(siblings))
-                parent.queue.put_nowait(ValueError(message))
+                parent.queue.put_nowait(error)
         results, to_abort = self.output_processor.process_outputs(outputs.outputs)
         for parent, ro in results:
             parent.queue.put_nowait(ro)
+            if ro.finished:
+                self.finish_times.append(time.monotonic())
             for observe in self.output_observers:
                 observe(ro)
         if to_abort:

@@ -42,6 +42,7 @@ class EngineCore:
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
         self.structured_output = StructuredOutputManager(config.model_config, self.vocab_size)
         self.waiting_for_grammar: dict[str, tuple[Request, Future]] = {}
+        self._watch_deadlines = False
         self._warm_up()
         if preload_grammar:
             self.structured_output.preload()
@@ -81,6 +82,8 @@ class EngineCore:
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
         request = Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
                           self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt)
+        request.deadline = req.deadline
+        self._watch_deadlines |= req.deadline is not None
         grammar = self.structured_output.grammar_for(req.request_id, sp)
         if isinstance(grammar, Future):   # compiling: the request joins the scheduler when its grammar is ready
             self.waiting_for_grammar[req.request_id] = (request, grammar)
@@ -117,7 +120,28 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self.waiting_for_grammar)
 
+    def _expire(self) -> dict[str, str]:
+        """Abort requests past their deadline, and requests never scheduled that waited past max_queue_time; their
+        blocks are freed now and the reason goes back to the front end."""
+        limit = self.config.scheduler_config.max_queue_time
+        if limit is None and not self._watch_deadlines:
+            return {}
+        now = time.time()
+        expired: dict[str, str] = {}
+        candidates = [*self.scheduler.requests.values(), *(r for r, _ in self.waiting_for_grammar.values())]
+        for req in candidates:
+            if req.deadline is not None and now > req.deadline:
+                expired[req.request_id] = (f"the request timed out: {req.deadline - req.arrival_time:.1f} s allowed, "
+                                           f"{req.num_output_tokens} tokens generated")
+            elif limit is not None and req.first_scheduled_time == 0.0 and now - req.arrival_time > limit:
+                expired[req.request_id] = (f"the request waited {now - req.arrival_time:.1f} s in the queue, more "
+                                           f"than max_queue_time ({limit:g} s); the server is overloaded")
+        if expired:
+            self.abort_requests(list(expired))
+        return expired
+
     def step(self) -> EngineCoreOutputs:
+        timed_out = self._expire()
         errors = self._admit_compiled()
         with self.profile.phase("schedule"):
             so = self.scheduler.schedule()
@@ -125,7 +149,7 @@ class EngineCore:
             if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
                 self.executor.execute_model(so)
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
-                                     errors=errors)
+                                     errors=errors, timed_out=timed_out)
         with self.profile.phase("grammar_bitmask"):
             so.grammar_bitmask = self.structured_output.grammar_bitmask(
                 so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, self.scheduler.requests)
@@ -134,7 +158,7 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(so, result)
         self.profile.steps += 1
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
-                                 errors=errors)
+                                 errors=errors, timed_out=timed_out)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

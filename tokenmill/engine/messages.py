@@ -17,6 +17,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    deadline: float | None = None   # time.time() after which the engine aborts it (the request's timeout)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -55,3 +56,5 @@ class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     timestamp: float = 0.0
     # Request ids whose add_request failed in the engine, with the reason.
     errors: dict[str, str] = {}
+    # Request ids aborted for running past their deadline or waiting past max_queue_time, with the reason.
+    timed_out: dict[str, str] = {}

@@ -50,6 +50,7 @@ class Request:
         self.first_scheduled_time = 0.0
         self.block_size = block_size
         self.grammar = None   # a RequestGrammar when the output is constrained (structured output)
+        self.deadline: float | None = None   # time.time() past which the engine aborts it
         # a salt goes into the first block's hash, so only requests with the same salt share cached blocks
         self.cache_salt = cache_salt.encode() if cache_salt else b""
         self.block_hashes: list[BlockHash] = []

@@ -16,6 +16,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None, help="Require this bearer key on /v1 routes (or TOKENMILL_API_KEY).")
     g.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="Beyond max_num_seqs running, refuse new requests with 503 once this many are waiting.")
+    g.add_argument("--max-queued-tokens", type=int, default=None,
+                   help="Refuse new requests with 503 once the requests held hold this many prompt tokens.")
+    g.add_argument("--max-concurrent-requests-per-key", type=int, default=None,
+                   help="Refuse a caller's requests with 429 while its API key has this many in flight.")
+    g.add_argument("--request-timeout", type=float, default=None,
+                   help="Seconds a request may take (its own `timeout` field overrides); past it, it is aborted "
+                        "and answered with a 408 error.")
+    g.add_argument("--engine-stall-timeout", type=float, default=30.0,
+                   help="/health turns red when the engine makes no step for this long while requests wait (0: off).")
+    g.add_argument("--engine-stall-exit-timeout", type=float, default=120.0,
+                   help="After this long without progress the server kills the engine and exits non-zero (0: never).")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="On SIGTERM, seconds to let in-flight requests finish before they are aborted.")
     g.add_argument("--uvicorn-log-level", default="warning", help="Log level of uvicorn's own logger.")

@@ -8,19 +8,20 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          503: "service_unavailable_error", 500: "internal_server_error"}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 408: "timeout_error",
+          429: "rate_limit_error", 503: "service_unavailable_error", 500: "internal_server_error"}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=status))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def param_of(message: str) -> str | None:

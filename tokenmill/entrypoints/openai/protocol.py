@@ -50,6 +50,12 @@ class _SamplingRequest(BaseModel):
     priority: int = 0
     request_id: str | None = None
     cache_salt: str | None = None   # only requests with the same salt share cached prefix blocks (tenants)
+    timeout: float | None = None    # seconds; past it the request is aborted and answered with a 408 error
+
+    def checked_timeout(self) -> float | None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        return self.timeout
     # structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* names
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None

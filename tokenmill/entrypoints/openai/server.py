@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import os
 import signal
@@ -14,11 +15,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenmill import __version__
-from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.engine.async_llm import AsyncLLM, RequestTimeoutError
 from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
 from tokenmill.entrypoints.openai.cli_args import chat_output_options
 from tokenmill.entrypoints.openai.errors import APIError, error_response
+from tokenmill.entrypoints.openai.liveness import Liveness
 from tokenmill.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,14 +29,14 @@ from tokenmill.entrypoints.openai.protocol import (
     now,
 )
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, template_messages
-from tokenmill.entrypoints.openai.serving_common import ServingContext, value_error
+from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.metrics import Metrics
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics", "/version")
+_OPEN_PATHS = ("/health", "/live", "/ready", "/metrics", "/version")
 
 
 class APIKeyMiddleware:
@@ -54,14 +56,18 @@ class APIKeyMiddleware:
 
 
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
-              max_waiting_requests: int | None, chat_options: ChatOutputOptions | None = None) -> FastAPI:
-    ctx = ServingContext(engine, served_model_name, max_waiting_requests, chat_options)
+              limits: AdmissionLimits | None = None, chat_options: ChatOutputOptions | None = None,
+              liveness: Liveness | None = None) -> FastAPI:
+    ctx = ServingContext(engine, served_model_name, limits, chat_options)
+    liveness = liveness or Liveness()
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        watchdog = asyncio.create_task(liveness.watch(engine))
         yield
+        watchdog.cancel()
         await engine.shutdown()
 
     app = FastAPI(title="tokenmill", version=__version__, lifespan=lifespan)
@@ -72,7 +78,11 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
-        return error_response(e.status, e.message, e.param)
+        return error_response(e.status, e.message, e.param, e.headers)
+
+    @app.exception_handler(RequestTimeoutError)
+    async def timed_out(_: Request, e: RequestTimeoutError):
+        return error_response(408, str(e))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError):
@@ -98,8 +108,27 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
     @app.get("/health")
     async def health():
+        """Red when the engine process is gone, or when it has made no step for --engine-stall-timeout seconds
+        while requests wait on it (a stuck kernel, a deadlock): the process being up is not enough."""
         if engine.dead or engine.client is None or not engine.client.is_alive:
             return error_response(503, "the engine core is not running")
+        stalled = engine.stalled_for()
+        if liveness.stall_timeout and stalled > liveness.stall_timeout:
+            return error_response(503, f"the engine has made no progress for {stalled:.0f} s with "
+                                       f"{engine.num_unfinished} requests pending")
+        return Response(status_code=200)
+
+    @app.get("/live")
+    async def live():
+        """The process is up and its event loop answers (for an orchestrator's liveness probe)."""
+        return Response(status_code=200)
+
+    @app.get("/ready")
+    async def ready():
+        """Ready for traffic: model loaded, engine healthy, not draining, and the waiting queue not full."""
+        if engine.client is None or engine.dead or ctx.draining or ctx.full or \
+                (liveness.stall_timeout and engine.stalled_for() > liveness.stall_timeout):
+            return error_response(503, "not ready")
         return Response(status_code=200)
 
     @app.get("/version")
@@ -166,7 +195,10 @@ def run_server(ns: argparse.Namespace) -> int:
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
     metrics = Metrics(name)
     engine = AsyncLLM(config, stat_observers=[metrics.record_engine])
-    app = build_app(engine, metrics, name, api_key, ns.max_waiting_requests, chat_output_options(ns))
+    limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
+                             ns.request_timeout)
+    app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
+                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout))
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

@@ -15,6 +15,7 @@ from tokenmill.entrypoints.openai.serving_common import (
     ServingContext,
     sampling_params,
     sse,
+    stream_error,
     until_disconnected,
     value_error,
 )
@@ -77,9 +78,11 @@ class OpenAIServingChat:
         except ValueError as e:
             raise value_error(e) from e
         ctx.check_length(prompt, params, given)
-        ctx.check_capacity()
         rid = req.request_id or random_id("chatcmpl")
-        stream = engine.generate(prompt, params, rid, req.priority)
+        try:
+            stream = ctx.start(raw, [prompt], params, [rid], req.priority, req.checked_timeout())[0]
+        except ValueError as e:
+            raise value_error(e) from e
         parser = tool_parser_for(choice, options)
         if req.stream:
             return StreamingResponse(self._stream(req, rid, prompt, stream, parser, choice),
@@ -156,7 +159,7 @@ class OpenAIServingChat:
                                     "stop_reason": c.stop_reason})
                 yield chunk(choices)
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band
-            yield sse({"error": {"message": str(e), "type": "internal_server_error", "param": None, "code": 500}})
+            yield stream_error(e)
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = len(prompt.prompt_token_ids)
             yield chunk([], usage={"prompt_tokens": n_prompt, "completion_tokens": completion,

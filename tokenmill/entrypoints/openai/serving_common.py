@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
+import math
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
-from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.engine.async_llm import AsyncLLM, RequestStream, RequestTimeoutError
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
 from tokenmill.entrypoints.openai.errors import APIError, param_of
@@ -17,30 +21,99 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 
-class ServingContext:
-    """Server-wide settings the handlers need."""
+@dataclass
+class AdmissionLimits:
+    """The server's bounds on what it holds (flags of the same names)."""
+    max_waiting_requests: int | None = None      # beyond max_num_seqs running: 503
+    max_queued_tokens: int | None = None         # prompt tokens of the requests held (running or waiting): 503
+    max_concurrent_requests_per_key: int | None = None   # per API key: 429
+    request_timeout: float | None = None         # default `timeout` of a request, seconds
 
-    def __init__(self, engine: AsyncLLM, served_model_name: str, max_waiting_requests: int | None,
+
+class ServingContext:
+    """Server-wide settings the handlers need, and admission: requests are counted the moment they are admitted
+    (before the handler yields), so a burst arriving together meets the bounds one by one."""
+
+    def __init__(self, engine: AsyncLLM, served_model_name: str, limits: AdmissionLimits | None = None,
                  chat_options: ChatOutputOptions | None = None):
         self.engine = engine
         self.chat_options = chat_options or ChatOutputOptions()
         self.served_model_name = served_model_name
         self.max_model_len = engine.config.scheduler_config.max_model_len
-        self.max_waiting_requests = max_waiting_requests
+        self.limits = limits or AdmissionLimits()
         self.draining = False
+        self.queued_tokens = 0
+        self.per_key: collections.Counter[str] = collections.Counter()
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
 
-    def check_capacity(self) -> None:
+    @property
+    def full(self) -> bool:
+        bound = self.limits.max_waiting_requests
+        return bound is not None and self.engine.num_unfinished >= self.engine.config.scheduler_config.max_num_seqs \
+            + bound
+
+    def retry_after(self) -> str:
+        """Seconds until a place is likely free: the requests ahead, over the rate requests finished lately."""
+        now = time.monotonic()
+        recent = [t for t in self.engine.finish_times if now - t < 30.0]
+        rate = len(recent) / min(30.0, max(now - recent[0], 1.0)) if recent else 0.0
+        ahead = max(1, self.engine.num_unfinished - self.engine.config.scheduler_config.max_num_seqs + 1)
+        return str(max(1, min(60, math.ceil(ahead / rate)))) if rate > 0 else "5"
+
+    def _refuse(self, status: int, message: str) -> APIError:
+        return APIError(status, message, headers={"Retry-After": self.retry_after()})
+
+    def start(self, raw: Request | None, prompts: list[ProcessedPrompt], params: SamplingParams, request_ids: list[str],
+              priority: int = 0, timeout: float | None = None) -> list[RequestStream]:
+        """Admit the prompts (503/429 with Retry-After past a bound) and register them with the engine."""
         if self.draining:
             raise APIError(503, "the server is shutting down")
         if self.engine.dead:
             raise APIError(503, "the engine is not running")
-        bound = self.max_waiting_requests
-        if bound is not None and self.engine.num_unfinished >= self.engine.config.scheduler_config.max_num_seqs + bound:
-            raise APIError(503, f"the server is overloaded: more than {bound} requests are waiting")
+        lim, sched = self.limits, self.engine.config.scheduler_config
+        n = len(prompts) * params.n
+        if lim.max_waiting_requests is not None and \
+                self.engine.num_unfinished + len(prompts) > sched.max_num_seqs + lim.max_waiting_requests:
+            raise self._refuse(503, f"the server is overloaded: more than {lim.max_waiting_requests} requests are "
+                                    "waiting")
+        tokens = sum(len(p.prompt_token_ids) for p in prompts) * params.n
+        if lim.max_queued_tokens is not None and self.queued_tokens and \
+                self.queued_tokens + tokens > lim.max_queued_tokens:
+            raise self._refuse(503, f"the server is overloaded: more than {lim.max_queued_tokens} prompt tokens are "
+                                    "queued")
+        key = api_key_of(raw) if lim.max_concurrent_requests_per_key is not None and raw is not None else None
+        if key is not None and self.per_key[key] + n > lim.max_concurrent_requests_per_key:
+            raise self._refuse(429, f"too many concurrent requests for this API key (at most "
+                                    f"{lim.max_concurrent_requests_per_key})")
+        timeout = timeout if timeout is not None else lim.request_timeout
+        streams = []
+        try:
+            for p, rid in zip(prompts, request_ids):
+                streams.append(self.engine.generate(p, params, rid, priority, timeout))
+        except BaseException:
+            for st in streams:
+                st.close()
+            raise
+        for p, st in zip(prompts, streams):
+            self._hold(st, len(p.prompt_token_ids) * params.n, key, params.n)
+        return streams
+
+    def _hold(self, stream: RequestStream, tokens: int, key: str | None, n: int) -> None:
+        self.queued_tokens += tokens
+        if key is not None:
+            self.per_key[key] += n
+
+        def release() -> None:
+            self.queued_tokens -= tokens
+            if key is not None:
+                self.per_key[key] -= n
+                if self.per_key[key] <= 0:
+                    del self.per_key[key]
+
+        stream.on_close.append(release)
 
     def check_length(self, prompt: ProcessedPrompt, params: SamplingParams, max_tokens_given: bool) -> None:
         n = len(prompt.prompt_token_ids)
@@ -49,6 +122,24 @@ class ServingContext:
                                 f"requested {n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} "
                                 f"in the completion). Please reduce the length of the prompt or completion.",
                            "max_tokens")
+
+
+def api_key_of(raw: Request) -> str | None:
+    """The caller's bearer key; None for a caller without one (per-key limits do not apply to it)."""
+    auth = raw.headers.get("authorization", "")
+    return auth.removeprefix("Bearer ").strip() or None
+
+
+def stream_error(e: Exception) -> str:
+    """The last event of a stream that fails after it started: an OpenAI error body, never a stream that just
+    stops."""
+    if isinstance(e, RequestTimeoutError):
+        status, kind = 408, "timeout_error"
+    elif isinstance(e, ValueError):
+        status, kind = 400, "invalid_request_error"
+    else:
+        status, kind = 500, "internal_server_error"
+    return sse({"error": {"message": str(e), "type": kind, "param": None, "code": status}})
 
 
 def value_error(e: ValueError) -> APIError:

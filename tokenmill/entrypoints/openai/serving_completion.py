@@ -15,6 +15,7 @@ from tokenmill.entrypoints.openai.serving_common import (
     merge,
     sampling_params,
     sse,
+    stream_error,
     until_disconnected,
     value_error,
 )
@@ -68,9 +69,12 @@ class OpenAIServingCompletion:
             raise value_error(e) from e
         for p in prompts:
             ctx.check_length(p, params, req.max_tokens is not None)
-        ctx.check_capacity()
         rid = req.request_id or random_id("cmpl")
-        streams = [engine.generate(p, params, f"{rid}-{i}", req.priority) for i, p in enumerate(prompts)]
+        try:
+            streams = ctx.start(raw, prompts, params, [f"{rid}-{i}" for i in range(len(prompts))], req.priority,
+                                req.checked_timeout())
+        except ValueError as e:
+            raise value_error(e) from e
         if req.stream:
             return StreamingResponse(self._stream(req, rid, prompts, streams), media_type="text/event-stream")
         return JSONResponse(await until_disconnected(raw, self._full(req, rid, prompts, streams)))
@@ -127,7 +131,7 @@ class OpenAIServingCompletion:
                 yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
                            "choices": choices})
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band
-            yield sse({"error": {"message": str(e), "type": "internal_server_error", "param": None, "code": 500}})
+            yield stream_error(e)
         if include_usage:
             prompt_tokens = sum(len(p.prompt_token_ids) for p in prompts)
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],

@@ -1,0 +1,111 @@
+"""Chaos against a real server: a thousand requests cancelled at random moments (mid-prefill, mid-stream) leave
+nothing behind, and a killed engine ends the server non-zero with the request in flight answered with an error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import aiohttp
+import pytest
+import requests
+from server_utils import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+WORDS = "the cat sat on a mat while seven dogs ran past the old red barn near our quiet river town".split()
+
+
+def gauges(server) -> dict[str, float]:
+    out = {}
+    for line in requests.get(server.url + "/metrics").text.splitlines():
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            if line.startswith(f"tokenmill:{name}"):
+                out[name] = float(line.split()[-1])
+    return out
+
+
+async def one(session, url: str, rng: random.Random, counts: dict) -> None:
+    stream = rng.random() < 0.6
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 20, 200, 600])))
+    body = {"max_tokens": rng.randint(1, 64), "temperature": rng.choice([0.0, 0.7, 1.2]), "stream": stream,
+            "top_p": rng.choice([1.0, 0.9]), "seed": rng.randint(0, 9)}
+    if rng.random() < 0.5:
+        path, body["prompt"] = "/v1/completions", prompt
+    else:
+        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
+
+    async def call() -> None:
+        async with session.post(url + path, json=body) as r:
+            assert r.status == 200, await r.text()
+            async for _ in r.content:
+                pass
+
+    try:
+        await asyncio.wait_for(call(), timeout=rng.uniform(0.0, 0.6))
+        counts["completed"] += 1
+    except asyncio.TimeoutError:
+        counts["cancelled"] += 1
+
+
+def test_a_thousand_random_cancellations_leave_nothing_behind():
+    server = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "128MiB", "--max-num-seqs", "32")
+    try:
+        counts = {"completed": 0, "cancelled": 0}
+
+        async def run() -> None:
+            rng = random.Random(17)
+            sem = asyncio.Semaphore(48)
+            async with aiohttp.ClientSession() as session:
+                async def limited() -> None:
+                    async with sem:
+                        await one(session, server.url, random.Random(rng.random()), counts)
+
+                await asyncio.gather(*(limited() for _ in range(1000)))
+
+        asyncio.run(run())
+        assert counts["completed"] + counts["cancelled"] == 1000
+        assert counts["cancelled"] > 300 and counts["completed"] > 50, counts
+        deadline = time.time() + 30
+        while True:
+            g = gauges(server)
+            if g["num_requests_running"] == g["num_requests_waiting"] == g["kv_cache_usage_perc"] == 0:
+                break
+            assert time.time() < deadline, f"still in use after the cancellations: {g}"
+            time.sleep(0.5)
+        r = requests.post(server.url + "/v1/completions", json={"prompt": "Still fine?", "max_tokens": 4})
+        assert r.status_code == 200
+        print(f"chaos: {counts['cancelled']} cancelled, {counts['completed']} completed; KV usage back to 0")
+    finally:
+        server.stop()
+
+
+def test_killed_engine_answers_the_request_in_flight_and_exits_nonzero():
+    server = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "64MiB")
+    try:
+        events: list[bytes] = []
+        started = threading.Event()
+
+        def stream() -> None:
+            r = requests.post(server.url + "/v1/completions", stream=True,
+                              json={"prompt": "Go", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+            for line in r.iter_lines():
+                if line:
+                    events.append(line)
+                    started.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(30)
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        assert server.proc.wait(30) != 0
+        t.join(10)
+        errors = [json.loads(e.removeprefix(b"data: "))["error"] for e in events if b'"error"' in e]
+        assert errors and errors[0]["code"] == 500, events[-3:]
+    finally:
+        server.stop()
