@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test lint clean
+.PHONY: setup serve test lint fuzz soak clean
 
 $(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenmill/kernels/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Longer runs than `make test` keeps: schemathesis with 1,000 cases an operation; a 10-minute overload soak.
+fuzz: setup
+	TOKENMILL_FUZZ_CASES=1000 $(PY) -m pytest -q -s tests/test_fuzz_server.py
+
+soak: setup
+	$(PY) -m tokenmill.bench.soak $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

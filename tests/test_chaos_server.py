@@ -32,8 +32,10 @@ def gauges(server) -> dict[str, float]:
 
 async def one(session, url: str, rng: random.Random, counts: dict) -> None:
     stream = rng.random() < 0.6
-    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 20, 200, 600])))
-    body = {"max_tokens": rng.randint(1, 64), "temperature": rng.choice([0.0, 0.7, 1.2]), "stream": stream,
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 10, 50, 250])))
+    cut = rng.random() < 0.8   # four in five are cut off at a random moment, the rest may finish
+    body = {"max_tokens": rng.randint(1, 32) if cut else rng.randint(1, 8),
+            "temperature": rng.choice([0.0, 0.7, 1.2]), "stream": stream,
             "top_p": rng.choice([1.0, 0.9]), "seed": rng.randint(0, 9)}
     if rng.random() < 0.5:
         path, body["prompt"] = "/v1/completions", prompt
@@ -47,7 +49,7 @@ async def one(session, url: str, rng: random.Random, counts: dict) -> None:
                 pass
 
     try:
-        await asyncio.wait_for(call(), timeout=rng.uniform(0.0, 0.6))
+        await asyncio.wait_for(call(), timeout=rng.uniform(0.0, 0.6) if cut else 20.0)
         counts["completed"] += 1
     except asyncio.TimeoutError:
         counts["cancelled"] += 1
@@ -60,7 +62,7 @@ def test_a_thousand_random_cancellations_leave_nothing_behind():
 
         async def run() -> None:
             rng = random.Random(17)
-            sem = asyncio.Semaphore(48)
+            sem = asyncio.Semaphore(24)
             async with aiohttp.ClientSession() as session:
                 async def limited() -> None:
                     async with sem:
@@ -70,7 +72,7 @@ def test_a_thousand_random_cancellations_leave_nothing_behind():
 
         asyncio.run(run())
         assert counts["completed"] + counts["cancelled"] == 1000
-        assert counts["cancelled"] > 300 and counts["completed"] > 50, counts
+        assert counts["cancelled"] > 600 and counts["completed"] > 100, counts
         deadline = time.time() + 30
         while True:
             g = gauges(server)
@@ -93,7 +95,7 @@ def test_killed_engine_answers_the_request_in_flight_and_exits_nonzero():
 
         def stream() -> None:
             r = requests.post(server.url + "/v1/completions", stream=True,
-                              json={"prompt": "Go", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+                              json={"prompt": "Go", "max_tokens": 2000, "ignore_eos": True, "stream": True})
             for line in r.iter_lines():
                 if line:
                     events.append(line)

@@ -72,7 +72,8 @@ class SamplingParams:
         need(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]")
         need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "-1 or 0 (disabled) or at least 1")
         need(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
-        need(self.seed is None or isinstance(self.seed, int), "seed", "an integer")
+        need(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
+             "an integer in [-2**63, 2**64)")
         need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
              "max_tokens", "at least 1")
         need(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "non-negative")

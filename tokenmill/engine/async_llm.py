@@ -12,6 +12,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
+
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core_client import AsyncMPClient, EngineDeadError
 from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt, child_params
@@ -126,6 +128,12 @@ class AsyncLLM:
         if timeout is not None:
             for req in reqs:
                 req.deadline = now + timeout
+        try:   # a number too large for the wire (seed, priority, top_k...) is the request's fault, found here
+            for req in reqs:
+                msgspec.msgpack.encode(req)
+        except (OverflowError, TypeError, msgspec.EncodeError) as e:
+            self.output_processor.abort_request(request_id)
+            raise ValueError(f"request has a value out of range: {e}") from e
         return RequestStream(self, request_id, reqs, queue)
 
     async def abort(self, request_id: str) -> None:

@@ -65,7 +65,9 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
                         req = decode_req(payload)
                         try:
                             core.add_request(req)
-                        except ValueError as e:
+                        except Exception as e:  # noqa: BLE001 - one bad request fails alone, never the engine
+                            if not isinstance(e, ValueError):
+                                logger.exception("request %s could not be added", req.request_id)
                             errors[req.request_id] = str(e)
                     elif kind == ABORT:
                         core.abort_requests(decode_ids(payload))

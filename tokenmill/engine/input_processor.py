@@ -45,7 +45,10 @@ class InputProcessor:
             raise ValueError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("prompt is empty")
-        ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+        try:
+            ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+        except Exception as e:  # noqa: BLE001 - e.g. a lone UTF-16 surrogate, which the tokenizer cannot encode
+            raise ValueError(f"prompt could not be tokenized: {type(e).__name__}: {e}") from e
         return self._checked(prompt, ids)
 
     def _checked(self, text: str | None, ids: list[int]) -> ProcessedPrompt:
@@ -66,8 +69,12 @@ class InputProcessor:
                 raise ValueError("each message must be an object with a 'role'")
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("the model has no chat template; pass chat_template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                  chat_template=chat_template, **kwargs)
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a template error is the request's fault: jinja raises many types
+            raise ValueError(f"messages could not be rendered by the chat template: {type(e).__name__}: {e}") from e
 
     def make_request(self, request_id: str, processed: ProcessedPrompt, params: SamplingParams,
                      arrival_time: float | None = None, priority: int = 0) -> EngineCoreRequest:

@@ -23,10 +23,22 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-timeout", type=float, default=None,
                    help="Seconds a request may take (its own `timeout` field overrides); past it, it is aborted "
                         "and answered with a 408 error.")
+    g.add_argument("--cache-salt-by-api-key", action="store_true",
+                   help="Salt every request's prefix-cache hashes with its bearer key, so tenants never share "
+                        "cached blocks (nor learn each other's prompts from timing).")
     g.add_argument("--engine-stall-timeout", type=float, default=30.0,
                    help="/health turns red when the engine makes no step for this long while requests wait (0: off).")
     g.add_argument("--engine-stall-exit-timeout", type=float, default=120.0,
                    help="After this long without progress the server kills the engine and exits non-zero (0: never).")
+    lim = p.add_argument_group("input limits (each past its bound: 400 naming the field)")
+    lim.add_argument("--max-n", type=int, default=16, help="Largest n (and best_of).")
+    lim.add_argument("--max-logprobs", type=int, default=20, help="Largest logprobs / top_logprobs / prompt_logprobs.")
+    lim.add_argument("--max-stop-sequences", type=int, default=16, help="Most stop strings.")
+    lim.add_argument("--max-stop-length", type=int, default=256, help="Longest stop string, in characters.")
+    lim.add_argument("--max-logit-bias", type=int, default=300, help="Most logit_bias entries (and stop_token_ids).")
+    lim.add_argument("--max-messages", type=int, default=1024, help="Most chat messages.")
+    lim.add_argument("--max-prompts", type=int, default=256, help="Most prompts in one completions request.")
+    lim.add_argument("--max-request-bytes", type=int, default=8 * 2**20, help="Largest request body (413 past it).")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="On SIGTERM, seconds to let in-flight requests finish before they are aborted.")
     g.add_argument("--uvicorn-log-level", default="warning", help="Log level of uvicorn's own logger.")

@@ -29,7 +29,7 @@ from tokenmill.entrypoints.openai.protocol import (
     now,
 )
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, template_messages
-from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, ServingContext, value_error
+from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLimits, ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.metrics import Metrics
 from tokenmill.utils import init_logger
@@ -55,10 +55,46 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """Reads a request body up to --max-request-bytes (413 past it) before the app sees it, then hands the app
+    the same body; later receives pass through, so handlers still see their client disconnect."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)
+                return
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await error_response(413, f"the request body is larger than {self.limit} bytes "
+                                          "(--max-request-bytes)")(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
               limits: AdmissionLimits | None = None, chat_options: ChatOutputOptions | None = None,
-              liveness: Liveness | None = None) -> FastAPI:
-    ctx = ServingContext(engine, served_model_name, limits, chat_options)
+              liveness: Liveness | None = None, input_limits: InputLimits | None = None) -> FastAPI:
+    ctx = ServingContext(engine, served_model_name, limits, chat_options, input_limits)
     liveness = liveness or Liveness()
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
 
@@ -75,6 +111,7 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, limit=ctx.input_limits.max_request_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
@@ -196,9 +233,11 @@ def run_server(ns: argparse.Namespace) -> int:
     metrics = Metrics(name)
     engine = AsyncLLM(config, stat_observers=[metrics.record_engine])
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
-                             ns.request_timeout)
+                             ns.request_timeout, ns.cache_salt_by_api_key)
+    inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
+                         ns.max_messages, ns.max_prompts, ns.max_request_bytes)
     app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
-                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout))
+                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs)
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

@@ -39,6 +39,7 @@ def template_messages(req) -> list[dict]:
         d = m.model_dump(exclude_none=True)
         if isinstance(d.get("content"), list):
             d["content"] = "".join(p.get("text", "") for p in d["content"] if p.get("type") == "text")
+        d.setdefault("content", "")   # OpenAI allows none (an assistant's tool calls); templates expect a string
         out.append(d)
     return out
 
@@ -60,7 +61,7 @@ class OpenAIServingChat:
 
     async def create(self, req: ChatCompletionRequest, raw: Request):
         ctx, engine = self.ctx, self.ctx.engine
-        ctx.check_model(req.model)
+        ctx.check_request(req)
         given = req.max_completion_tokens is not None or req.max_tokens is not None
         options = ctx.chat_options
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import json
 import math
 import time
@@ -28,6 +29,48 @@ class AdmissionLimits:
     max_queued_tokens: int | None = None         # prompt tokens of the requests held (running or waiting): 503
     max_concurrent_requests_per_key: int | None = None   # per API key: 429
     request_timeout: float | None = None         # default `timeout` of a request, seconds
+    cache_salt_by_api_key: bool = False          # each bearer key gets its own prefix-cache namespace
+
+
+@dataclass
+class InputLimits:
+    """Bounds on each field a request can make large (flags of the same names); past one, a 400 naming it."""
+    max_n: int = 16
+    max_logprobs: int = 20
+    max_stop_sequences: int = 16
+    max_stop_length: int = 256
+    max_logit_bias: int = 300
+    max_messages: int = 1024
+    max_prompts: int = 256
+    max_request_bytes: int = 8 * 2**20
+
+    def check(self, req) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}")
+
+        need(req.n <= self.max_n, "n", f"at most {self.max_n} (--max-n)")
+        best_of = getattr(req, "best_of", None)
+        need(best_of is None or best_of <= self.max_n, "best_of", f"at most {self.max_n} (--max-n)")
+        for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
+            value = getattr(req, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                need(value <= self.max_logprobs, name, f"at most {self.max_logprobs} (--max-logprobs)")
+        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        need(len(stops) <= self.max_stop_sequences, "stop",
+             f"at most {self.max_stop_sequences} strings (--max-stop-sequences)")
+        need(all(len(x) <= self.max_stop_length for x in stops), "stop",
+             f"strings of at most {self.max_stop_length} characters (--max-stop-length)")
+        need(len(req.stop_token_ids or []) <= self.max_logit_bias, "stop_token_ids",
+             f"at most {self.max_logit_bias} ids (--max-logit-bias)")
+        need(len(req.logit_bias or {}) <= self.max_logit_bias, "logit_bias",
+             f"at most {self.max_logit_bias} entries (--max-logit-bias)")
+        messages = getattr(req, "messages", None)
+        need(messages is None or len(messages) <= self.max_messages, "messages",
+             f"at most {self.max_messages} messages (--max-messages)")
+        prompt = getattr(req, "prompt", None)
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            need(len(prompt) <= self.max_prompts, "prompt", f"at most {self.max_prompts} prompts (--max-prompts)")
 
 
 class ServingContext:
@@ -35,12 +78,13 @@ class ServingContext:
     (before the handler yields), so a burst arriving together meets the bounds one by one."""
 
     def __init__(self, engine: AsyncLLM, served_model_name: str, limits: AdmissionLimits | None = None,
-                 chat_options: ChatOutputOptions | None = None):
+                 chat_options: ChatOutputOptions | None = None, input_limits: InputLimits | None = None):
         self.engine = engine
         self.chat_options = chat_options or ChatOutputOptions()
         self.served_model_name = served_model_name
         self.max_model_len = engine.config.scheduler_config.max_model_len
         self.limits = limits or AdmissionLimits()
+        self.input_limits = input_limits or InputLimits()
         self.draining = False
         self.queued_tokens = 0
         self.per_key: collections.Counter[str] = collections.Counter()
@@ -48,6 +92,14 @@ class ServingContext:
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
+
+    def check_request(self, req) -> None:
+        """The model, then every size limit (400 naming the field)."""
+        self.check_model(req.model)
+        try:
+            self.input_limits.check(req)
+        except ValueError as e:
+            raise value_error(e) from e
 
     @property
     def full(self) -> bool:
@@ -89,6 +141,11 @@ class ServingContext:
             raise self._refuse(429, f"too many concurrent requests for this API key (at most "
                                     f"{lim.max_concurrent_requests_per_key})")
         timeout = timeout if timeout is not None else lim.request_timeout
+        caller = api_key_of(raw) if lim.cache_salt_by_api_key and raw is not None else None
+        if caller is not None:   # tenants never share cached blocks, whatever salt they send themselves
+            tenant = hashlib.sha256(caller.encode()).hexdigest()[:32]
+            for p in prompts:
+                p.cache_salt = f"{tenant}:{p.cache_salt}" if p.cache_salt else tenant
         streams = []
         try:
             for p, rid in zip(prompts, request_ids):

@@ -55,7 +55,7 @@ class OpenAIServingCompletion:
 
     async def create(self, req: CompletionRequest, raw: Request):
         ctx, engine = self.ctx, self.ctx.engine
-        ctx.check_model(req.model)
+        ctx.check_request(req)
         if req.suffix:
             raise value_error(ValueError("suffix is not supported"))
         if req.best_of is not None and req.best_of != req.n:
