@@ -32,6 +32,20 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
+def json_object(value, field: str) -> dict:
+    """A JSON object given as text or already parsed; ValueError naming the field otherwise."""
+    import json
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{field} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

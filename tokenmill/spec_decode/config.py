@@ -5,9 +5,10 @@ Imports no torch: the scheduler reads `num_lookahead_tokens` from plain numbers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from tokenmill.utils import json_object
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 # vLLM's keys that tokenmill reads; any other key is an error rather than silently ignored
@@ -52,13 +53,7 @@ class SpeculativeConfig:
 def parse_speculative_config(raw: str | dict | None) -> SpeculativeConfig | None:
     if raw is None or raw == "" or raw == {}:
         return None
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"speculative_config is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"speculative_config must be a JSON object, got {type(raw).__name__}")
+    raw = json_object(raw, "speculative_config")
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         raise ValueError(f"speculative_config has unknown key(s) {', '.join(unknown)}; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from tokenmill.structured_output.params import StructuredOutputsParams
+from tokenmill.utils import json_object
 
 # JSON without free whitespace, with the separators Python's json.dumps writes (what small models saw most).
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -41,12 +42,7 @@ def grammar_text(params: StructuredOutputsParams) -> str:
 def json_schema_grammar(schema: str, field_name: str) -> str:
     import llguidance
 
-    try:
-        parsed = json.loads(schema)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{field_name} is not valid JSON: {e}") from e
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{field_name} must be a JSON schema object")
+    parsed = json_object(schema, field_name)
     return llguidance.LLMatcher.grammar_from_json_schema(bounded_numbers(parsed), defaults=dict(JSON_OPTIONS))
 
 
