@@ -171,3 +171,25 @@ def test_templates_without_tools_get_the_tool_prompt():
     assert msgs[0]["role"] == "system" and "get_weather" in msgs[0]["content"] and "<tool_call>" in msgs[0]["content"]
     assert msgs[2]["content"] == '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
     assert msgs[3] == {"role": "user", "content": "<tool_response>\n12:00\n</tool_response>"}
+
+
+def test_structural_tag_constrains_only_inside_its_tags(smol_tokenizer):
+    """vLLM's structural_tag: free text, and the schema between a tag's begin and end."""
+    import llguidance.hf
+
+    from tokenmill.structured_output.grammar_text import validate
+    from tokenmill.structured_output.params import StructuredOutputsParams
+
+    tag = {"structures": [{"begin": "<function=add>", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}, "end": "</function>"}], "triggers": ["<function="]}
+    grammar = validate(StructuredOutputsParams(structural_tag=tag)).grammar_text
+    tok = llguidance.hf.from_tokenizer(smol_tokenizer, n_vocab=49152, eos_token=[2])
+
+    def fits(text: str) -> bool:
+        ids = smol_tokenizer.encode(text, add_special_tokens=False)
+        return llguidance.LLMatcher(tok, grammar).validate_tokens(ids) == len(ids)
+
+    assert fits('Let me add. <function=add>{"a": 3}</function> Done.')
+    assert not fits("Let me add. <function=add>not json</function>")
+    with pytest.raises(ValueError, match="structural_tag"):
+        validate(StructuredOutputsParams(structural_tag={"structures": [{"begin": "x"}]}))
