@@ -46,6 +46,19 @@ def smol_llm():
 
 
 @pytest.fixture(scope="session")
+def guarded_server():
+    """One real server with the reliability bounds and tool calling on, shared by the modules that only send it
+    requests (a server start costs ~18 s of the suite)."""
+    from server_utils import ServerProcess
+
+    s = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "128MiB", "--max-num-seqs", "4",
+                      "--max-waiting-requests", "8", "--max-concurrent-requests-per-key", "2",
+                      "--cache-salt-by-api-key", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer(embedded_gguf):
     from tokenmill.model.loader import load_tokenizer
 

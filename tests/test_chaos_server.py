@@ -1,14 +1,10 @@
 """Chaos against a real server: a thousand requests cancelled at random moments (mid-prefill, mid-stream) leave
-nothing behind, and a killed engine ends the server non-zero with the request in flight answered with an error."""
+nothing behind. (A killed engine: tests/test_server.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-import signal
-import threading
 import time
 
 import aiohttp
@@ -32,9 +28,9 @@ def gauges(server) -> dict[str, float]:
 
 async def one(session, url: str, rng: random.Random, counts: dict) -> None:
     stream = rng.random() < 0.6
-    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 10, 50, 250])))
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 10, 30, 120])))
     cut = rng.random() < 0.8   # four in five are cut off at a random moment, the rest may finish
-    body = {"max_tokens": rng.randint(1, 32) if cut else rng.randint(1, 8),
+    body = {"max_tokens": rng.randint(1, 16) if cut else rng.randint(1, 4),
             "temperature": rng.choice([0.0, 0.7, 1.2]), "stream": stream,
             "top_p": rng.choice([1.0, 0.9]), "seed": rng.randint(0, 9)}
     if rng.random() < 0.5:
@@ -49,7 +45,7 @@ async def one(session, url: str, rng: random.Random, counts: dict) -> None:
                 pass
 
     try:
-        await asyncio.wait_for(call(), timeout=rng.uniform(0.0, 0.6) if cut else 20.0)
+        await asyncio.wait_for(call(), timeout=rng.uniform(0.0, 0.4) if cut else 20.0)
         counts["completed"] += 1
     except asyncio.TimeoutError:
         counts["cancelled"] += 1
@@ -62,7 +58,7 @@ def test_a_thousand_random_cancellations_leave_nothing_behind():
 
         async def run() -> None:
             rng = random.Random(17)
-            sem = asyncio.Semaphore(24)
+            sem = asyncio.Semaphore(32)
             async with aiohttp.ClientSession() as session:
                 async def limited() -> None:
                     async with sem:
@@ -83,31 +79,5 @@ def test_a_thousand_random_cancellations_leave_nothing_behind():
         r = requests.post(server.url + "/v1/completions", json={"prompt": "Still fine?", "max_tokens": 4})
         assert r.status_code == 200
         print(f"chaos: {counts['cancelled']} cancelled, {counts['completed']} completed; KV usage back to 0")
-    finally:
-        server.stop()
-
-
-def test_killed_engine_answers_the_request_in_flight_and_exits_nonzero():
-    server = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "64MiB")
-    try:
-        events: list[bytes] = []
-        started = threading.Event()
-
-        def stream() -> None:
-            r = requests.post(server.url + "/v1/completions", stream=True,
-                              json={"prompt": "Go", "max_tokens": 2000, "ignore_eos": True, "stream": True})
-            for line in r.iter_lines():
-                if line:
-                    events.append(line)
-                    started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(30)
-        os.kill(server.engine_pid(), signal.SIGKILL)
-        assert server.proc.wait(30) != 0
-        t.join(10)
-        errors = [json.loads(e.removeprefix(b"data: "))["error"] for e in events if b'"error"' in e]
-        assert errors and errors[0]["code"] == 500, events[-3:]
     finally:
         server.stop()

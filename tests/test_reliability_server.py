@@ -36,12 +36,9 @@ def wait_idle(server, timeout: float = 30.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def bounded():
-    s = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "128MiB", "--max-num-seqs", "4",
-                      "--max-waiting-requests", "8", "--max-concurrent-requests-per-key", "2",
-                      "--cache-salt-by-api-key")
-    yield s
-    s.stop()
+def bounded(guarded_server):
+    """--max-num-seqs 4 --max-waiting-requests 8 --max-concurrent-requests-per-key 2 --cache-salt-by-api-key."""
+    return guarded_server
 
 
 def test_burst_of_64_meets_the_bound(bounded):

@@ -11,7 +11,6 @@ import openai
 import pytest
 import requests
 from pydantic import BaseModel, Field
-from server_utils import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +28,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", "256MiB", "--enable-auto-tool-choice",
-                      "--tool-call-parser", "hermes")
-    yield s
-    s.stop()
+def server(guarded_server):
+    """--enable-auto-tool-choice --tool-call-parser hermes (and the reliability bounds, which do not bind here)."""
+    return guarded_server
 
 
 @pytest.fixture(scope="module")
