@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
               "p99_ttft_s": round(float(np.percentile(ttfts, 99)), 3) if ttfts else None,
               "p50_ttft_s": round(float(np.percentile(ttfts, 50)), 3) if ttfts else None,
               "rss_mib_after_1_min": round(mem_start), "rss_mib_end": round(mem_end),
-              "rss_mib_max": round(max(memory + [mem_end])), "healthy_at_end": healthy,
+              "rss_mib_max": round(max(memory + [mem_end])),
+              "rss_mib_every_10_s": [round(m) for m in memory], "healthy_at_end": healthy,
               "server_exit_code": code}
     print(json.dumps(report, indent=1))
     if ns.output_json:
