@@ -25,7 +25,6 @@ class RequestGrammar(Protocol):
 
     def accept(self, token_ids: list[int]) -> None: ...
     def num_valid(self, token_ids: list[int]) -> int: ...
-    def is_terminated(self) -> bool: ...
 
 
 @dataclass
@@ -52,9 +51,6 @@ class LLGuidanceGrammar:
     def num_valid(self, token_ids: list[int]) -> int:
         """How many of these drafts, from the start, the grammar allows (drafts past it are dropped)."""
         return self.matcher.validate_tokens(token_ids) if token_ids else 0
-
-    def is_terminated(self) -> bool:
-        return self.matcher.is_stopped()
 
 
 class LLGuidanceBackend:
