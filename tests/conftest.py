@@ -27,6 +27,14 @@ TINY_FAMILIES = {
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32)),
+    # mixtures of experts: renormalised top-k (Mixtral, Qwen3-MoE), a gated shared expert and a dense layer
+    # among the sparse ones (Qwen2-MoE's mlp_only_layers)
+    "mixtral": ("MixtralConfig", dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                         mlp_only_layers=[1])),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(tie_word_embeddings=True, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, head_dim=32, norm_topk_prob=True)),
 }
 
 

@@ -77,6 +77,16 @@ class EngineArgs:
               "folder (or none, with \"quantization\": \"int4\"|\"gguf\", for the target's own weights at 4 bits), "
               "eagle/eagle3 a head folder; \"disable_by_batch_size\": N stops proposing above N running requests "
               "(default 4). Greedy output is unchanged; sampled output keeps its distribution.")
+    tensor_parallel_size: int = _arg(1, "Tensor-parallel ranks: every layer's matrices are split over N worker "
+                                        "processes (gloo on CPU, nccl on CUDA), KV heads too.")
+    pipeline_parallel_size: int = _arg(1, "Pipeline stages: the layers are split into N contiguous stages, each its "
+                                          "own rank (or tensor-parallel group).")
+    enable_expert_parallel: bool = _arg(False, "Mixture-of-experts models: spread the experts over the "
+                                               "tensor-parallel ranks instead of splitting every expert.")
+    distributed_executor_backend: str | None = _arg(
+        None, "How ranks past the first are started when tensor or pipeline parallel is on: mp (processes on "
+              "this machine, the default) or ray (actors on a running Ray cluster; `ray start --head` first).",
+        choices=["mp", "ray"])
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 
@@ -93,13 +103,19 @@ class EngineArgs:
         from tokenmill.spec_decode.config import check_against_max_model_len, parse_speculative_config
 
         model_config = load_model_config(self)
+        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.enable_expert_parallel,
+                                  self.distributed_executor_backend)
+        parallel.validate(model_config.hf_config)
         spec = parse_speculative_config(self.speculative_config)
+        if spec is not None and parallel.world_size > 1:
+            raise ValueError("speculative_config: speculative decoding does not run with tensor or pipeline "
+                             "parallel yet; drop one of them")
         draft = None
         if spec is not None and spec.uses_model:
             from tokenmill.spec_decode.draft_config import load_draft_model_config
 
             draft = load_draft_model_config(spec, model_config, self)
-        cache_config = _size_cache(self, model_config, draft)
+        cache_config = _size_cache(self, model_config, draft, parallel)
         max_model_len = _resolve_max_model_len(self, model_config, cache_config)
         if spec is not None:
             check_against_max_model_len(spec, max_model_len)
@@ -124,9 +140,91 @@ class EngineArgs:
             parse_cpu_list(self.cpu_bind)
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
                            attention_backend=self.attention_backend, cpu_bind=self.cpu_bind,
-                           speculative_config=spec, draft_model_config=draft)
+                           speculative_config=spec, draft_model_config=draft, parallel_config=parallel)
         cfg.log_summary()
         return cfg
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split: rank = pipeline stage * tensor_parallel_size + tensor-parallel rank."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    distributed_executor_backend: str | None = None   # "mp" | "ray"; None: mp when world_size > 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def backend(self) -> str:
+        return "uni" if self.world_size == 1 and self.distributed_executor_backend is None else \
+            (self.distributed_executor_backend or "mp")
+
+    def validate(self, hf) -> None:
+        """Clear errors at start, each naming the flag, for splits the model cannot take."""
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        if tp < 1 or pp < 1:
+            raise ValueError(f"tensor_parallel_size and pipeline_parallel_size must be at least 1, got {tp} and {pp}")
+        if self.distributed_executor_backend not in (None, "mp", "ray"):
+            raise ValueError(f"distributed_executor_backend must be mp or ray, got "
+                             f"{self.distributed_executor_backend!r}")
+        heads, kv = hf.num_attention_heads, hf.num_key_value_heads
+        if heads % tp:
+            raise ValueError(f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads")
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            raise ValueError(f"tensor_parallel_size {tp} and the model's {kv} KV heads: one must divide the other")
+        experts = num_experts_of(hf)
+        if experts and self.enable_expert_parallel and experts % tp:
+            raise ValueError(f"enable_expert_parallel: tensor_parallel_size {tp} does not divide the model's "
+                             f"{experts} experts")
+        if self.enable_expert_parallel and not experts:
+            raise ValueError("enable_expert_parallel: the model has no experts (it is not a mixture of experts)")
+        sizes = [("intermediate_size", getattr(hf, "intermediate_size", 0))]
+        if experts and not self.enable_expert_parallel:
+            sizes.append(("moe_intermediate_size", getattr(hf, "moe_intermediate_size", 0)))
+        for name, size in sizes:
+            if size and size % tp:
+                raise ValueError(f"tensor_parallel_size {tp} does not divide the model's {name} {size}")
+        if pp > hf.num_hidden_layers:
+            raise ValueError(f"pipeline_parallel_size {pp} is larger than the model's {hf.num_hidden_layers} layers")
+        if self.distributed_executor_backend == "ray":
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ValueError("distributed_executor_backend ray: Ray is not installed (pip install 'ray>=2.9')")
+
+    def stage_layers(self, num_layers: int, stage: int) -> range:
+        """The contiguous layers of one pipeline stage; earlier stages take the remainder (the last one also
+        runs the lm head)."""
+        pp = self.pipeline_parallel_size
+        base, extra = divmod(num_layers, pp)
+        start = stage * base + min(stage, extra)
+        return range(start, start + base + (1 if stage < extra else 0))
+
+    def kv_heads_per_rank(self, num_kv_heads: int) -> int:
+        """KV heads are split over the tensor-parallel ranks, or replicated when there are more ranks than heads."""
+        return max(1, num_kv_heads // self.tensor_parallel_size)
+
+    def kv_bytes_per_token(self, m: ModelConfig, cache_dtype: str = "auto") -> int:
+        """One rank's KV bytes a token: its stage's layers (the first stage is the largest), its KV heads."""
+        layers = len(self.stage_layers(m.num_layers, 0))
+        return (m.kv_bytes_per_token(cache_dtype) // (m.num_layers * m.num_kv_heads)
+                * layers * self.kv_heads_per_rank(m.num_kv_heads))
+
+    def describe(self, num_layers: int) -> str:
+        stages = ", ".join(f"stage {p}: layers {r.start}-{r.stop - 1}" for p in range(self.pipeline_parallel_size)
+                           for r in [self.stage_layers(num_layers, p)])
+        return (f"{self.world_size} ranks over {self.backend}: tensor parallel {self.tensor_parallel_size}"
+                f"{' (experts spread over the ranks)' if self.enable_expert_parallel else ''}, pipeline parallel "
+                f"{self.pipeline_parallel_size} ({stages})")
+
+
+def num_experts_of(hf) -> int:
+    """Routed experts of a mixture-of-experts config (Mixtral: num_local_experts; Qwen MoE: num_experts)."""
+    return int(getattr(hf, "num_local_experts", 0) or getattr(hf, "num_experts", 0) or 0)
 
 
 @dataclass(frozen=True)
@@ -187,16 +285,22 @@ class EngineConfig:
     cpu_bind: str = "auto"
     speculative_config: Any = None      # spec_decode.config.SpeculativeConfig
     draft_model_config: ModelConfig | None = None
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def log_summary(self) -> None:
-        m, c, s = self.model_config, self.cache_config, self.scheduler_config
-        kv_bytes = c.num_tokens * c.kv_bytes_per_token(m)
+        m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config
+        kv_bytes = c.num_tokens * (c.kv_bytes_per_token(m) if p.world_size == 1 else
+                                   p.kv_bytes_per_token(m, c.cache_dtype))
         logger.info("model %s (%s, %s), dtype %s, weights %s, max_model_len %d", m.served_model_name, m.format,
                     m.model, m.dtype, _weights_label(m), s.max_model_len)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %s in %s; maximum concurrency at %d tokens per "
                     "request: %.2fx", c.num_blocks, c.block_size, c.num_tokens, format_bytes(kv_bytes),
                     m.dtype if c.cache_dtype == "auto" else c.cache_dtype, s.max_model_len,
                     c.num_tokens / s.max_model_len)
+        if p.world_size > 1:
+            logger.info("parallel: %s; the KV cache above is each rank's (%d KV heads of %d, %d layers)",
+                        p.describe(m.num_layers), p.kv_heads_per_rank(m.num_kv_heads), m.num_kv_heads,
+                        len(p.stage_layers(m.num_layers, 0)))
         if self.speculative_config is not None:
             logger.info("speculative decoding: %s", self.speculative_config.describe())
         if c.cache_dtype != "auto":
@@ -211,14 +315,18 @@ def _weights_label(m: ModelConfig) -> str:
     return m.quantization or "not quantized"
 
 
-def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = None) -> CacheConfig:
-    """Blocks that fit the KV budget; a draft model keeps its own cache of the same blocks, inside the budget."""
+def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = None,
+                parallel: ParallelConfig | None = None) -> CacheConfig:
+    """Blocks that fit the KV budget; a draft model keeps its own cache of the same blocks, inside the budget.
+    Under tensor or pipeline parallel the budget is each rank's, for its own layers and KV heads."""
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {args.block_size}")
     if args.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not supported; choose one of "
                          f"{', '.join(KV_CACHE_DTYPES)}")
     bytes_per_token = m.kv_bytes_per_token(args.kv_cache_dtype) + (draft.kv_bytes_per_token() if draft else 0)
+    if parallel is not None and parallel.world_size > 1:
+        bytes_per_token = parallel.kv_bytes_per_token(m, args.kv_cache_dtype)
     bytes_per_block = bytes_per_token * args.block_size
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override

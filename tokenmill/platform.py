@@ -106,13 +106,31 @@ def process_cpus() -> list[int]:
     return _process_cpus
 
 
-def bind_cpu_threads(cpu_bind: str) -> str:
-    """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
-    unpinned). Returns a line for the log."""
+def engine_cpus(cpu_bind: str) -> list[int]:
+    """The CPUs `cpu_bind` gives the engine (all of its ranks together)."""
     cpus = one_cpu_per_core(process_cpus()) if cpu_bind in ("auto", "none") else parse_cpu_list(cpu_bind)
     allowed = set(process_cpus())
     if not set(cpus) <= allowed:
         raise ValueError(f"cpu_bind {cpu_bind!r} names CPUs outside this process's set {sorted(allowed)}")
+    return cpus
+
+
+def rank_cpus(cpus: list[int], rank: int, world_size: int) -> list[int]:
+    """A rank's contiguous share of the engine's CPUs (ranks share CPUs only when there are fewer CPUs than ranks)."""
+    if world_size <= 1:
+        return cpus
+    if len(cpus) < world_size:
+        return [cpus[rank % len(cpus)]]
+    per, extra = divmod(len(cpus), world_size)
+    start = rank * per + min(rank, extra)
+    return cpus[start:start + per + (1 if rank < extra else 0)]
+
+
+def bind_cpu_threads(cpu_bind: str, cpus: list[int] | None = None) -> str:
+    """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
+    unpinned); `cpus` is a rank's share when the engine has several. Returns a line for the log."""
+    if cpus is None:
+        cpus = engine_cpus(cpu_bind)
     if cpu_bind == "none":
         torch.set_num_threads(len(cpus))
         return f"{len(cpus)} threads, not pinned"

@@ -13,6 +13,9 @@ from contextlib import contextmanager
 class StepProfile:
     PHASES = ("schedule", "prepare_inputs", "forward", "sample", "update_from_output", "output_processing")
 
+    # parts of another phase's time (forward), shown but not added into the total
+    NESTED = frozenset({"pp_recv", "pp_send", "all_reduce"})
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
@@ -30,9 +33,10 @@ class StepProfile:
         self.steps = 0
 
     def table(self) -> str:
-        total = sum(self.seconds.values()) or 1.0
+        total = sum(v for k, v in self.seconds.items() if k not in self.NESTED) or 1.0
         lines = [f"{'phase':<22}{'total s':>10}{'share':>8}{'ms/step':>10}"]
-        for name in self.PHASES:
+        extra = sorted(set(self.seconds) - set(self.PHASES))   # nested ones (communication, drafting) last
+        for name in (*self.PHASES, *extra):
             s = self.seconds.get(name, 0.0)
             lines.append(f"{name:<22}{s:>10.2f}{100 * s / total:>7.1f}%{1000 * s / max(self.steps, 1):>10.2f}")
         lines.append(f"{'steps':<22}{self.steps:>10}")

@@ -103,7 +103,9 @@ class AsyncMPClient:
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         mp = multiprocessing.get_context("spawn")
         self.proc = mp.Process(target=run_engine_core, args=(config, self.input_addr, self.output_addr),
-                               name="tokenmill-engine-core", daemon=True)
+                               name="tokenmill-engine-core",
+                               # a daemon may not start processes: the ranks of a parallel engine are its children
+                               daemon=config.parallel_config.world_size == 1)
         self.proc.start()
 
     async def wait_ready(self, timeout: float = 600.0) -> None:

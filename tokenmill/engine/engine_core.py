@@ -34,9 +34,9 @@ class EngineCore:
         self.config = config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         if executor is None:
-            from tokenmill.executor.uniproc import UniprocExecutor
+            from tokenmill.executor.base import make_executor
 
-            executor = UniprocExecutor(config)
+            executor = make_executor(config)
         self.executor = executor
         self.profile = getattr(executor, "profile", None) or StepProfile()
         self.vocab_size = int(config.model_config.hf_config.vocab_size)

@@ -34,6 +34,16 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def shutdown(self) -> None:
+        """Stops the engine's worker ranks (tensor or pipeline parallel); the in-process engine needs nothing."""
+        self.engine_core.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:

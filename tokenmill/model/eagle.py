@@ -63,7 +63,7 @@ class EagleHead(_Head):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary = RotaryEmbedding(head_dim_of(cfg), max_positions, rope_parameters(cfg))
         self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=fc_bias)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary, 0)
                                     for _ in range(cfg.num_hidden_layers))
         self.layers[0].input_layernorm = _NoNorm()
 
@@ -102,7 +102,7 @@ class Eagle3Head(_Head):
         self.rotary = RotaryEmbedding(head_dim_of(cfg), max_positions, rope_parameters(cfg))
         target_h = int(getattr(cfg, "target_hidden_size", None) or target_cfg.hidden_size)
         self.fc = Linear(len(self.aux_layers) * target_h, h)
-        layer = LlamaDecoderLayer(cfg, backend, self.rotary)
+        layer = LlamaDecoderLayer(cfg, backend, self.rotary, 0)
         attn = layer.self_attn
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
         attn.qkv_proj = MergedLinear(2 * h, [q, kv, kv], bias=bool(getattr(cfg, "attention_bias", False)))

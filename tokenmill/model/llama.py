@@ -1,10 +1,15 @@
-"""The Llama family in one file: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (RMSNorm on q and k).
+"""The Llama family in one file: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (RMSNorm on q and k), and their
+mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (the MLP is then `model/moe.py`'s).
 
 Differences are config fields, not subclasses. q/k/v and gate/up are fused into single matmuls at load.
+Tensor parallel: q/k/v and gate/up are column-parallel, o_proj and down_proj row-parallel (one all-reduce
+each), the embedding and lm head split the vocabulary. Pipeline parallel: a rank builds only its stage's layers;
+the first stage embeds, the last one norms and computes logits.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -13,6 +18,9 @@ from torch import nn
 
 import tokenmill.kernels as kernels
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
+from tokenmill.config import ParallelConfig
+from tokenmill.distributed.comm import tp_gather
+from tokenmill.distributed.parallel_state import get_pp, get_tp
 from tokenmill.layers.attention import PagedAttention
 from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
 from tokenmill.layers.quant import UnquantizedMethod
@@ -29,18 +37,32 @@ def head_dim_of(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
+def qkv_rank_rows(num_heads: int, num_kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """This tensor-parallel rank's rows of q, k and v in the checkpoint: its share of the query heads, and its
+    share of the KV heads (or, with more ranks than KV heads, the one KV head its query heads read)."""
+    tp = get_tp()
+    q = num_heads // tp.size
+    kv = ParallelConfig(tp.size).kv_heads_per_rank(num_kv_heads)
+    first_kv = tp.rank * kv if num_kv_heads >= tp.size else tp.rank // (tp.size // num_kv_heads)
+    kv_rows = (first_kv * head_dim, kv * head_dim)
+    return [(tp.rank * q * head_dim, q * head_dim), kv_rows, kv_rows]
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding):
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = head_dim_of(cfg)
+        rows = qkv_rank_rows(cfg.num_attention_heads, cfg.num_key_value_heads, self.head_dim)
+        self.num_heads, self.num_kv_heads = rows[0][1] // self.head_dim, rows[1][1] // self.head_dim
         model_type = getattr(cfg, "model_type", "llama")
         bias = bool(getattr(cfg, "attention_bias", False))
-        qkv_bias = bias or model_type == "qwen2"
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=bias and model_type != "qwen2")
-        self.qk_norm = model_type == "qwen3"
+        qwen2 = model_type in ("qwen2", "qwen2_moe")
+        qkv_bias = bias or qwen2
+        q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias, parallel="column",
+                                     rank_rows=rows if get_tp().size > 1 else None)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=bias and not qwen2, parallel="row")
+        self.qk_norm = model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -84,11 +106,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, intermediate_size: int | None = None):
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        inter = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter] * 2, bias=bias, parallel="column")
+        self.down_proj = Linear(inter, cfg.hidden_size, bias=bias, parallel="row")
         act = getattr(cfg, "hidden_act", "silu")
         if act not in _ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {act!r}")
@@ -117,12 +140,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, index: int):
+        from tokenmill.model.moe import moe_block_for
+
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, backend, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = moe_block_for(cfg, index) or LlamaMLP(cfg)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,24 +164,34 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, max_positions: int):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        pp = get_pp()
+        self.stage = ParallelConfig(pipeline_parallel_size=pp.size).stage_layers(cfg.num_hidden_layers, pp.rank)
+        tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.embed_tokens = (Embedding(cfg.vocab_size, cfg.hidden_size) if pp.is_first or (tied and pp.is_last)
+                             else None)
         # one rope table for all layers (not a registered child of each, so it is built and stored once)
         self.rotary = RotaryEmbedding(head_dim_of(cfg), max_positions, rope_parameters(cfg))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary)
-                                    for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # other stages' layers are placeholders, so layer i keeps its checkpoint name model.layers.i
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, self.rotary, i) if i in self.stage
+                                    else nn.Identity() for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if pp.is_last else None
         # an EAGLE-3 head reads the residual stream entering these layers (vLLM's aux hidden states)
         self.aux_hidden_state_layers: tuple[int, ...] = ()
         self.aux_hidden_states: dict[int, torch.Tensor] = {}
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Hidden states after the final norm; on a pipeline stage before the last, the (x, residual) pair that
+        the next stage continues from (`intermediate` is what a later stage received)."""
+        x, residual = intermediate if intermediate is not None else (self.embed_tokens(input_ids), None)
         aux = {}
-        for i, layer in enumerate(self.layers):
+        for i in self.stage:
             if i in self.aux_hidden_state_layers:
                 aux[i] = x if residual is None else x + residual
-            x, residual = layer(positions, x, residual, md)
+            x, residual = self.layers[i](positions, x, residual, md)
         self.aux_hidden_states = aux
+        if self.norm is None:
+            return x, residual
         return self.norm(x, residual)[0]
 
 
@@ -168,7 +203,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg, backend, max_positions)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.last_stage = get_pp().is_last
+        if not self.last_stage:
+            self.lm_head = None
+        else:
+            self.lm_head = (self.model.embed_tokens if self.tied
+                            else Linear(cfg.hidden_size, cfg.vocab_size, parallel="column"))
         self.lm_head_method = UnquantizedMethod()  # the loader attaches the engine's choice for the head
         self.logits_head = None
 
@@ -176,7 +216,9 @@ class LlamaForCausalLM(nn.Module):
         for module in reversed(list(self.modules())):  # children first: a parent may read their kernels
             if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
-        if self.tied:  # the head gets its own copy of the embedding, packed or quantized
+        if not self.last_stage:
+            self.logits_head = None
+        elif self.tied:  # the head gets its own copy of the embedding, packed or quantized
             self.logits_head = self.lm_head_method.make_kernel("lm_head", self.lm_head.weight, None,
                                                                self.lm_head.quantized)
             self.lm_head.quantized = None
@@ -189,22 +231,45 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear):
                 module.quant_method, module.layer_name = method, name
         self.lm_head_method = method.lm_head()
-        if not self.tied:
+        if not self.tied and self.lm_head is not None:
             self.lm_head.quant_method = self.lm_head_method
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, md)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        return self.model(input_ids, positions, md, intermediate)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in the model's dtype: the sampler makes fp32 only when it needs more than an argmax."""
-        return self.logits_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits in the model's dtype: the sampler makes fp32 only when it needs more than an argmax. Under
+        tensor parallel each rank computes its vocabulary slice and the first rank gets them all (None
+        elsewhere): every rank of the last stage must call it."""
+        return tp_gather(self.logits_head(hidden), self.config.vocab_size)
 
     def attention_layers(self) -> list[PagedAttention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        return [self.model.layers[i].self_attn.attn for i in self.model.stage]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = ((n, t) for n, t in weights if not (self.tied and n.startswith("lm_head.")))
-        load_stacked_weights(dict(self.named_parameters()), weights)
+        from tokenmill.model.moe import route_expert_weights
+
+        weights = ((n.replace(".block_sparse_moe.", ".mlp."), t) for n, t in weights if self._owns(n))
+        params = dict(self.named_parameters())
+        stacked_experts = frozenset(n for n in params if ".mlp.experts." in n)   # they check their own loading
+        load_stacked_weights(params, route_expert_weights(self, weights), optional=stacked_experts)
+
+    def _owns(self, name: str) -> bool:
+        """Whether a checkpoint tensor belongs to this rank's pipeline stage."""
+        m = _LAYER.match(name)
+        if m:
+            return int(m.group(1)) in self.model.stage
+        if name.startswith("lm_head."):
+            return self.last_stage and not self.tied
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is not None
+        if name.startswith("model.norm."):
+            return self.last_stage
+        return True
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def load_stacked_weights(params: dict[str, nn.Parameter], weights: Iterable[tuple[str, torch.Tensor]],

@@ -16,6 +16,8 @@ from tokenmill.attention.ops import kv_storage_dtype
 from tokenmill.attention.registry import get_backend
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.distributed.comm import pp_recv, pp_send
+from tokenmill.distributed.parallel_state import get_pp, get_tp
 from tokenmill.layers.attention import allocate_kv_caches
 from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, gather_logprobs
 from tokenmill.model.loader import DTYPES, load_model
@@ -128,16 +130,40 @@ class ModelRunner:
         return StepInputs(req_ids, input_ids, positions, md,
                           logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
 
+    def apply_output(self, out: ModelRunnerOutput) -> None:
+        """On a rank that did not sample: the sampled tokens (from the rank that did), so its copy of each
+        request's tokens stays the same as the sampler's."""
+        for rid, toks in zip(out.req_ids, out.sampled_token_ids):
+            state = self.requests.get(rid)
+            if state is not None:
+                for tok in toks:
+                    state.append_token(tok)
+
     # ---- the step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """The step's sampled tokens; None on a rank that does not sample (a pipeline stage before the last,
+        or a tensor-parallel rank other than the first), which only takes its part in the collectives."""
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
             inp = self._prepare_inputs(so)
+        pp = get_pp()
         with self.profile.phase("forward"):
-            hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+            intermediate = None
+            if not pp.is_first:
+                with self.profile.phase("pp_recv"):
+                    shape = (inp.input_ids.shape[0], self.model.config.hidden_size)
+                    intermediate = tuple(pp_recv([shape, shape], self.dtype))
+            hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, intermediate)
+            if not pp.is_last:
+                with self.profile.phase("pp_send"):
+                    pp_send(list(hidden))
+                return None
+        if not get_tp().is_first:
+            self._follow_logits(inp, hidden)
+            return None
         sampled: list[list[int]] = [[] for _ in inp.req_ids]
         result = ModelRunnerOutput(inp.req_ids, sampled)
         with self.profile.phase("sample"):
@@ -248,27 +274,40 @@ class ModelRunner:
         md.stop_token_mask = under_min or None
         return md
 
-    def _prompt_logprobs(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
-        """For requests that asked for prompt logprobs: each scheduled prompt position scores the next prompt
-        token. Position 0 has no logprob; the output side adds that None."""
+    def _follow_logits(self, inp: StepInputs, hidden: torch.Tensor) -> None:
+        """A tensor-parallel rank that does not sample still computes its vocabulary slice of every logits row
+        the first rank asks for, in the same order (they are gathered there)."""
+        for _, _, idx, _ in self._prompt_logprob_rows(inp):
+            if idx is not None:
+                self.model.compute_logits(hidden[idx])
+        if inp.sampling_rows:
+            self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+
+    def _prompt_logprob_rows(self, inp: StepInputs):
+        """(request, state, token rows, first position) for each request that asked for prompt logprobs and has
+        some this step (rows None: nothing left to score); marks the requests whose prompt is then done."""
         qsl, seq_lens = inp.attn_metadata.query_start_loc_np, inp.attn_metadata.seq_lens_np
         for row, rid in enumerate(inp.req_ids):
             state = self.requests[rid]
-            k = state.sampling_params.prompt_logprobs
-            if k is None or state.prompt_logprobs_sent:
+            if state.sampling_params.prompt_logprobs is None or state.prompt_logprobs_sent:
                 continue
             first_pos = int(seq_lens[row] - (qsl[row + 1] - qsl[row]))
             last_pos = min(int(seq_lens[row]), state.num_prompt_tokens - 1)   # positions scoring a prompt token
-            if last_pos <= first_pos:
+            if last_pos >= state.num_prompt_tokens - 1 or last_pos <= first_pos:
                 state.prompt_logprobs_sent = True
+            idx = torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos) if last_pos > first_pos else None
+            yield rid, state, idx, first_pos
+
+    def _prompt_logprobs(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
+        """For requests that asked for prompt logprobs: each scheduled prompt position scores the next prompt
+        token. Position 0 has no logprob; the output side adds that None."""
+        for rid, state, idx, first_pos in self._prompt_logprob_rows(inp):
+            if idx is None:
                 result.prompt_logprobs[rid] = ([], [], [])
                 continue
-            idx = torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos)
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[idx]).float(), dim=-1)
-            targets = torch.from_numpy(state.token_buf[first_pos + 1: last_pos + 1].copy())
+            targets = torch.from_numpy(state.token_buf[first_pos + 1: first_pos + 1 + len(idx)].copy())
             out = SamplerOutput(targets)
-            gather_logprobs(logprobs, targets, k, out)
+            gather_logprobs(logprobs, targets, state.sampling_params.prompt_logprobs, out)
             result.prompt_logprobs[rid] = (out.logprob_token_ids.tolist(), out.logprobs.tolist(),
                                            out.sampled_ranks.tolist())
-            if last_pos >= state.num_prompt_tokens - 1:
-                state.prompt_logprobs_sent = True

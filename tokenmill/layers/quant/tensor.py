@@ -44,6 +44,28 @@ class QuantizedWeight:
 
         return QuantizedWeight(pick(self.q), pick(self.scale), pick(self.min), self.bits, self.group)
 
+    def row_range(self, start: int, size: int) -> QuantizedWeight:
+        """Output rows start..start+size (a tensor-parallel shard), zero rows (weight 0) past the end."""
+        def part(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            p = t[start:start + size]
+            return torch.cat([p, p.new_zeros(size - p.shape[0], *p.shape[1:])]) if p.shape[0] < size else p
+
+        return QuantizedWeight(part(self.q), part(self.scale), part(self.min), self.bits, self.group)
+
+    def col_range(self, start: int, size: int) -> QuantizedWeight:
+        """Input columns start..start+size: whole groups only, each keeping its own scale and minimum."""
+        if start % self.group or size % self.group:
+            raise ValueError(f"a tensor-parallel shard of {size} inputs does not hold whole groups of {self.group}")
+        g0, g1 = start // self.group, (start + size) // self.group
+
+        def cols(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[:, g0:g1].contiguous()
+
+        return QuantizedWeight(self.q[:, start:start + size].contiguous(), cols(self.scale), cols(self.min),
+                               self.bits, self.group)
+
     def same_kind(self, other: QuantizedWeight) -> bool:
         return (self.bits, self.group, self.min is None) == (other.bits, other.group, other.min is None) \
             and self.q.shape[1] == other.q.shape[1]

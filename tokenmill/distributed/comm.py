@@ -1,0 +1,46 @@
+"""The collectives the model needs, each a no-op in a group of one (so one process never touches
+torch.distributed)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tokenmill.distributed.parallel_state import get_pp, get_tp
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sums the partial results of a row-parallel layer over the tensor-parallel group, in place."""
+    tp = get_tp()
+    if tp.size > 1:
+        dist.all_reduce(x, group=tp.group)
+    return x
+
+
+def tp_gather(x: torch.Tensor, full_size: int) -> torch.Tensor | None:
+    """The vocabulary shards of the logits, concatenated on the first tensor-parallel rank (None on the others)
+    and trimmed of the padding that made the vocabulary divisible."""
+    tp = get_tp()
+    if tp.size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(tp.size)] if tp.is_first else None
+    dist.gather(x, parts, dst=tp.ranks[0], group=tp.group)
+    return torch.cat(parts, dim=-1)[..., :full_size] if tp.is_first else None
+
+
+def pp_send(tensors: list[torch.Tensor]) -> None:
+    """Hidden states to the next pipeline stage (the same tensor-parallel rank there)."""
+    pp = get_pp()
+    for t in tensors:
+        dist.send(t.contiguous(), dst=pp.ranks[pp.rank + 1], group=pp.group)
+
+
+def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:
+    pp = get_pp()
+    out = []
+    for shape in shapes:
+        t = torch.empty(shape, dtype=dtype)
+        dist.recv(t, src=pp.ranks[pp.rank - 1], group=pp.group)
+        out.append(t)
+    return out
