@@ -21,9 +21,9 @@ from conftest import assert_greedy_matches, hf_greedy
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import EngineArgs
 
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-         "Write a haiku about the sea:", "1, 2, 3, 5, 8, 13,"]
+         "1, 2, 3, 5, 8, 13,"]
 
 
 def _check_against(ref_model, llm: LLM, prompts: list[list[int]]) -> None:

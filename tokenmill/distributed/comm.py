@@ -29,11 +29,23 @@ def tp_gather(x: torch.Tensor, full_size: int) -> torch.Tensor | None:
     return torch.cat(parts, dim=-1)[..., :full_size] if tp.is_first else None
 
 
-def pp_send(tensors: list[torch.Tensor]) -> None:
-    """Hidden states to the next pipeline stage (the same tensor-parallel rank there)."""
+def pp_send(tensors: list[torch.Tensor]) -> list:
+    """Hidden states to the next pipeline stage (the same tensor-parallel rank there), without waiting: the
+    caller waits on the returned works (and keeps the tensors alive until then)."""
     pp = get_pp()
+    works = []
     for t in tensors:
-        dist.send(t.contiguous(), dst=pp.ranks[pp.rank + 1], group=pp.group)
+        t = t.contiguous()
+        works.append(_Pending(dist.isend(t, dst=pp.ranks[pp.rank + 1], group=pp.group), t))
+    return works
+
+
+class _Pending:
+    def __init__(self, work, tensor: torch.Tensor):
+        self.work, self.tensor = work, tensor
+
+    def wait(self) -> None:
+        self.work.wait()
 
 
 def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:

@@ -41,6 +41,8 @@ class StepInputs:
     sampling_rows: list[int]       # batch rows that sample this step
     draft_ids: list[list[int]]     # per sampling row: the drafts verified this step (most often none)
     grammar_bitmask: GrammarBitmask | None = None
+    # pipeline parallel: (first token, end token, metadata) of each micro-batch, contiguous runs of requests
+    micro_batches: list[tuple[int, int, AttentionMetadata]] | None = None
 
 
 class ModelRunner:
@@ -127,8 +129,24 @@ class ModelRunner:
             counts = np.array([len(d) + 1 for d in draft_ids], dtype=np.int64)
             ends = np.repeat(logits_indices + 1, counts)
             logits_indices = ends - np.concatenate([np.arange(c, 0, -1) for c in counts])
-        return StepInputs(req_ids, input_ids, positions, md,
-                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
+        inp = StepInputs(req_ids, input_ids, positions, md,
+                         logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
+        if get_pp().size > 1:
+            inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
+        return inp
+
+    def _micro_batches(self, states, start: np.ndarray, n: np.ndarray, qsl: np.ndarray,
+                       md: AttentionMetadata) -> list[tuple[int, int, AttentionMetadata]]:
+        """The step's requests cut into up to pipeline-size runs of about equal tokens, so that while a later
+        stage runs one, an earlier stage already runs the next (one run: the whole step, nothing to overlap)."""
+        parts = min(get_pp().size, len(states))
+        if parts == 1:
+            return [(0, int(qsl[-1]), md)]
+        total = int(qsl[-1])
+        cuts = sorted({int(np.searchsorted(qsl[1:], total * k / parts)) + 1 for k in range(1, parts)} - {len(states)})
+        bounds = [0, *cuts, len(states)]
+        return [(int(qsl[a]), int(qsl[b]), varlen_batch(states[a:b], start[a:b], n[a:b], self.block_size)[2])
+                for a, b in zip(bounds, bounds[1:])]
 
     def apply_output(self, out: ModelRunnerOutput) -> None:
         """On a rank that did not sample: the sampled tokens (from the rank that did), so its copy of each
@@ -149,18 +167,13 @@ class ModelRunner:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
             inp = self._prepare_inputs(so)
-        pp = get_pp()
         with self.profile.phase("forward"):
-            intermediate = None
-            if not pp.is_first:
-                with self.profile.phase("pp_recv"):
-                    shape = (inp.input_ids.shape[0], self.model.config.hidden_size)
-                    intermediate = tuple(pp_recv([shape, shape], self.dtype))
-            hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, intermediate)
-            if not pp.is_last:
-                with self.profile.phase("pp_send"):
-                    pp_send(list(hidden))
-                return None
+            if inp.micro_batches is None:
+                hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+            else:
+                hidden = self._pipeline_forward(inp)
+                if hidden is None:
+                    return None
         if not get_tp().is_first:
             self._follow_logits(inp, hidden)
             return None
@@ -181,6 +194,26 @@ class ModelRunner:
                 if inp.sampling_rows:
                     self._propose(inp, result)
         return result
+
+    def _pipeline_forward(self, inp: StepInputs) -> torch.Tensor | None:
+        """This stage's layers over each micro-batch in turn: received from the stage before (unless first), sent
+        on without waiting (unless last), so the stages overlap. The last stage returns all the hidden states."""
+        pp, hidden_size = get_pp(), self.model.config.hidden_size
+        outputs, sends = [], []
+        for t0, t1, md in inp.micro_batches:
+            intermediate = None
+            if not pp.is_first:
+                with self.profile.phase("pp_recv"):
+                    intermediate = tuple(pp_recv([(t1 - t0, hidden_size)] * 2, self.dtype))
+            out = self.model(inp.input_ids[t0:t1], inp.positions[t0:t1], md, intermediate)
+            if pp.is_last:
+                outputs.append(out)
+            else:
+                sends.extend(pp_send(list(out)))
+        with self.profile.phase("pp_send"):
+            for work in sends:
+                work.wait()
+        return torch.cat(outputs) if pp.is_last and len(outputs) > 1 else (outputs[0] if outputs else None)
 
     def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         sampled = result.sampled_token_ids
