@@ -3,17 +3,31 @@ torch.distributed)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from tokenmill.distributed.parallel_state import get_pp, get_tp
 
+# seconds spent in tensor-parallel collectives since the worker last collected them (for --profile)
+collective_seconds = 0.0
+
+
+def take_collective_seconds() -> float:
+    global collective_seconds
+    seconds, collective_seconds = collective_seconds, 0.0
+    return seconds
+
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sums the partial results of a row-parallel layer over the tensor-parallel group, in place."""
+    global collective_seconds
     tp = get_tp()
     if tp.size > 1:
+        t0 = time.perf_counter()
         dist.all_reduce(x, group=tp.group)
+        collective_seconds += time.perf_counter() - t0
     return x
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.distributed.comm import take_collective_seconds
 from tokenmill.distributed.parallel_state import destroy_distributed, init_distributed, output_rank
 from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory
 from tokenmill.utils import init_logger
@@ -46,6 +47,7 @@ class Worker:
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         out = self.runner.execute_model(so)
+        self.profile.seconds["all_reduce"] += take_collective_seconds()   # (part of forward's time)
         if self.world_size > 1:
             with self.profile.phase("broadcast_output"):
                 box = [out]
