@@ -24,11 +24,26 @@ def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sums the partial results of a row-parallel layer over the tensor-parallel group, in place."""
     global collective_seconds
     tp = get_tp()
-    if tp.size > 1:
-        t0 = time.perf_counter()
+    if tp.size == 1:
+        return x
+    t0 = time.perf_counter()
+    if tp.size == 2:
+        _exchange_add(x, tp.ranks[1 - tp.rank], tp.group)
+    else:
         dist.all_reduce(x, group=tp.group)
-        collective_seconds += time.perf_counter() - t0
+    collective_seconds += time.perf_counter() - t0
     return x
+
+
+def _exchange_add(x: torch.Tensor, peer: int, group) -> None:
+    """The all-reduce of two ranks as one exchange and an add: with gloo on this CPU 4x faster than its
+    all_reduce (230 vs 900 us for a decode step's 1 KB; its ring makes several round trips). Both ranks end
+    with the same bits: a + b == b + a in floating point."""
+    other = torch.empty_like(x)
+    work = dist.isend(x, dst=peer, group=group)
+    dist.recv(other, src=peer, group=group)
+    work.wait()
+    x += other
 
 
 def tp_gather(x: torch.Tensor, full_size: int) -> torch.Tensor | None:
@@ -62,11 +77,11 @@ class _Pending:
         self.work.wait()
 
 
-def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:
+def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
     pp = get_pp()
     out = []
     for shape in shapes:
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=dtype, device=device)
         dist.recv(t, src=pp.ranks[pp.rank - 1], group=pp.group)
         out.append(t)
     return out

@@ -47,8 +47,12 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
     encoder = msgspec.msgpack.Encoder()
     decode_req = msgspec.msgpack.Decoder(EngineCoreRequest).decode
     decode_ids = msgspec.msgpack.Decoder(list[str]).decode
+    parent = os.getppid()
     try:
         while True:
+            if os.getppid() != parent:   # the API server is gone (a parallel engine is not a daemon process)
+                logger.error("the API server process exited: stopping the engine")
+                return
             busy = core.has_unfinished_requests()
             errors: dict[str, str] = {}
             had_input = False

@@ -114,7 +114,6 @@ class Linear(nn.Module):
         tp = get_tp()
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.parallel = parallel if tp.size > 1 else None
-        self.full_out = out_features
         self.reduce = True   # a row-parallel layer whose partial sum another layer reduces sets this False
         if self.parallel == "column":   # ceil: a vocabulary-wide head pads its last shard
             out_features = -(-out_features // tp.size)
@@ -200,9 +199,8 @@ class MergedLinear(Linear):
                 sizes = [split_size(o, tp.size, "a fused projection") for o in out_sizes]
                 rank_rows = [(tp.rank * s, s) for s in sizes]
             out_sizes = [size for _, size in rank_rows]
-        super().__init__(in_features, sum(out_sizes), bias)
+        super().__init__(in_features, sum(out_sizes), bias)   # (sizes already this rank's)
         self.parallel = parallel if tp.size > 1 else None
-        self.tp_rank, self.tp_size = tp.rank, tp.size
         self.rank_rows = rank_rows
         self.out_sizes = out_sizes
         self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]

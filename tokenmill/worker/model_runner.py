@@ -204,7 +204,7 @@ class ModelRunner:
             intermediate = None
             if not pp.is_first:
                 with self.profile.phase("pp_recv"):
-                    intermediate = tuple(pp_recv([(t1 - t0, hidden_size)] * 2, self.dtype))
+                    intermediate = tuple(pp_recv([(t1 - t0, hidden_size)] * 2, self.dtype, self.device))
             out = self.model(inp.input_ids[t0:t1], inp.positions[t0:t1], md, intermediate)
             if pp.is_last:
                 outputs.append(out)

@@ -35,15 +35,33 @@ class Worker:
                 os.sched_setaffinity(0, cpus)   # a spawned rank starts with its parent's (pinned) thread's set
             logger.info("rank %d intra-op threads: %s", rank, bind_cpu_threads(config.cpu_bind, cpus))
             keep_freed_memory()
+        if device == "cuda":
+            import torch
+
+            torch.cuda.set_device(rank % torch.cuda.device_count())   # a Ray actor sees only its own GPU
         init_distributed(rank, p.tensor_parallel_size, p.pipeline_parallel_size, init_method,
                          "nccl" if device == "cuda" else "gloo", p.enable_expert_parallel)
         self.runner = ModelRunner(config, device)
         self.runner.load_model()
         self.runner.initialize_kv_cache()
         self.profile = self.runner.profile
-        layers = self.runner.model.model.stage
-        logger.info("rank %d: layers %d-%d, %d KV blocks", rank, layers.start, layers.stop - 1,
-                    config.cache_config.num_blocks)
+        logger.info("rank %d: %s", rank, self._layout(config))
+
+    def _layout(self, config: EngineConfig) -> str:
+        """Which layers, heads and experts this rank holds, for the start-up log."""
+        from tokenmill.model.moe import FusedExperts
+
+        model = self.runner.model
+        stage = model.model.stage
+        attn = model.model.layers[stage.start].self_attn
+        text = (f"layers {stage.start}-{stage.stop - 1}, {attn.num_heads} query / {attn.num_kv_heads} KV heads, "
+                f"{config.cache_config.num_blocks} KV blocks")
+        experts = next((m for m in model.modules() if isinstance(m, FusedExperts)), None)
+        if experts is not None:
+            first = experts.first_expert
+            text += (f", experts {first}-{first + experts.num_local - 1}" if experts.expert_parallel
+                     else f", every expert's intermediate slice of {experts.inter}")
+        return text
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         out = self.runner.execute_model(so)
