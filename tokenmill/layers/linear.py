@@ -134,7 +134,7 @@ class Linear(nn.Module):
         if self.parallel == "column":
             start, size = self._rank_rows(shard)
             return take_rows(loaded, start, size)
-        if self.parallel == "row" and loaded.dim() == 2:
+        if self.parallel == "row" and len(loaded.shape) == 2:   # a bias is whole on every rank
             size = self.weight.shape[1]
             return take_cols(loaded, self.tp_rank * size, size)
         return loaded
