@@ -18,15 +18,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, command: str = "serve", wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "tokenmill.cli.main", "serve", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "tokenmill.cli.main", command, "--port", str(self.port), *args]
         self.log = open(os.devnull, "w") if not os.environ.get("TOKENMILL_TEST_LOG") else None
         self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log)
-        self._wait_healthy()
+        if wait:
+            self.wait_healthy()
 
-    def _wait_healthy(self, timeout: float = 180.0) -> None:
+    def wait_healthy(self, timeout: float = 180.0) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -1,4 +1,4 @@
-"""`tokenmill serve | complete | chat | bench`."""
+"""`tokenmill serve | complete | chat | bench | router`."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+
+    from tokenmill.router.cli import add_router_parser
+
+    add_router_parser(sub)
     return parser
 
 

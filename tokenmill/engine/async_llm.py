@@ -83,6 +83,7 @@ class AsyncLLM:
         self.input_processor = InputProcessor(config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_observers = stat_observers or []
+        self.last_scheduler_stats = None   # the engine's latest SchedulerStats (queue, KV usage), for /load
         self.output_observers = output_observers or []
         self.client: AsyncMPClient | None = None
         self.dead = False
@@ -179,6 +180,8 @@ class AsyncLLM:
                 observe(ro)
         if to_abort:
             asyncio.create_task(self.client.abort_requests(to_abort))
+        if outputs.scheduler_stats is not None:
+            self.last_scheduler_stats = outputs.scheduler_stats
         for observe in self.stat_observers:
             observe(outputs)
 

@@ -36,7 +36,7 @@ from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
-_OPEN_PATHS = ("/health", "/live", "/ready", "/metrics", "/version")
+_OPEN_PATHS = ("/health", "/live", "/ready", "/metrics", "/version", "/load")
 
 
 class APIKeyMiddleware:
@@ -167,6 +167,15 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
                 (liveness.stall_timeout and engine.stalled_for() > liveness.stall_timeout):
             return error_response(503, "not ready")
         return Response(status_code=200)
+
+    @app.get("/load")
+    async def load():
+        """A router's view of this replica: requests running and waiting in the engine, KV-cache usage, and
+        requests the server holds (including those not yet in the engine)."""
+        stats = engine.last_scheduler_stats
+        return {"running": stats.num_running_reqs if stats else 0, "waiting": stats.num_waiting_reqs if stats else 0,
+                "kv_usage": stats.kv_cache_usage if stats else 0.0, "unfinished": engine.num_unfinished,
+                "draining": ctx.draining}
 
     @app.get("/version")
     async def version():

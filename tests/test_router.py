@@ -1,0 +1,186 @@
+"""`tokenmill router` in front of real `tokenmill serve` replicas (a tiny random model, so they start fast):
+prefix affinity shows in the replicas' prefix-cache hits, a killed replica costs no request, a rollout swap
+under steady load fails none, and a router with no live replica answers 503 with Retry-After instead of
+hanging."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+import requests
+from server_utils import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _replica(folder, wait: bool = True) -> ServerProcess:
+    return ServerProcess(str(folder), "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-num-seqs", "16",
+                         wait=wait)
+
+
+def _router(folder, *backends: ServerProcess) -> ServerProcess:
+    args = [a for b in backends for a in ("--backend", b.url)]
+    return ServerProcess("--host", "127.0.0.1", "--model", str(folder), "--health-interval", "0.3", *args,
+                         command="router")
+
+
+def _metric(url: str, name: str) -> float:
+    text = requests.get(url + "/metrics").text
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def _outstanding(router_url: str, backend_url: str) -> int:
+    backends = requests.get(router_url + "/router/backends").json()["backends"]
+    return next(x["outstanding"] for x in backends if x["url"] == backend_url)
+
+
+def _complete(url: str, prompt, max_tokens: int = 4, **extra) -> requests.Response:
+    return requests.post(url + "/v1/completions", timeout=120,
+                         json={"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra})
+
+
+@dataclass
+class Cluster:
+    folder: object
+    router: ServerProcess
+    replicas: list[ServerProcess]   # every replica started, in order (the fixture stops them all)
+
+    def in_rotation(self) -> list[ServerProcess]:
+        urls = {x["url"] for x in requests.get(self.router.url + "/router/backends").json()["backends"]
+                if x["healthy"]}
+        return [r for r in self.replicas if r.url in urls]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    folder = tiny_model_dir("llama")
+    a, b = _replica(folder, wait=False), _replica(folder, wait=False)
+    a.wait_healthy()
+    b.wait_healthy()
+    c = Cluster(folder, _router(folder, a, b), [a, b])
+    deadline = time.time() + 30
+    while len(c.in_rotation()) < 2:
+        assert time.time() < deadline, "the replicas never joined the rotation"
+        time.sleep(0.2)
+    yield c
+    for s in (c.router, *c.replicas):
+        s.stop()
+
+
+def test_requests_sharing_a_prefix_land_on_one_replica(cluster):
+    router, (a, b) = cluster.router, cluster.in_rotation()
+    prefixes = [[1000 + i for i in range(80)], [5000 + i for i in range(80)]]   # 5 blocks each
+    hits_before = {s.url: _metric(s.url, "tokenmill:prefix_cache_hits_total") for s in (a, b)}
+    landed: dict[int, set[str]] = {0: set(), 1: set()}
+    for i in range(6):
+        for p, prefix in enumerate(prefixes):
+            r = _complete(router.url, prefix + [300 + i, 301 + i])
+            assert r.status_code == 200, r.text
+            landed[p].add(r.headers["x-routed-to"])
+    assert all(len(urls) == 1 for urls in landed.values()), landed
+    # each replica that took a prefix served its later requests from its prefix cache (5 blocks = 80 tokens each)
+    for urls in landed.values():
+        url = next(iter(urls))
+        assert _metric(url, "tokenmill:prefix_cache_hits_total") - hits_before[url] >= 5 * 80
+    assert _metric(router.url, "tokenmill_router:cache_affinity_hits_total") >= 10
+    # streaming goes through untouched, to the same replica
+    r = requests.post(router.url + "/v1/completions", stream=True, timeout=60,
+                      json={"prompt": prefixes[0] + [7], "max_tokens": 3, "ignore_eos": True, "stream": True})
+    events = [line for line in r.iter_lines() if line]
+    assert r.headers["x-routed-to"] in landed[0] and events[-1] == b"data: [DONE]" and len(events) == 4
+
+
+def test_a_rollout_swap_under_steady_load_fails_no_request(cluster):
+    """Start a new replica, add it, drain the old one (in-flight requests finish), remove and stop it, while
+    three clients send requests back to back."""
+    router, (a, b) = cluster.router, cluster.in_rotation()
+    failures, done, stop = [], [0], threading.Event()
+
+    def client(seed: int) -> None:
+        i = 0
+        while not stop.is_set():
+            r = _complete(router.url, [200 + seed, 400 + i % 50, 7], max_tokens=8)
+            if r.status_code != 200:
+                failures.append((r.status_code, r.text[:200]))
+            done[0] += 1
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        new = _replica(cluster.folder)
+        cluster.replicas.append(new)
+        assert requests.post(router.url + "/router/backends", json={"url": new.url}).json()["healthy"]
+        drained = requests.post(router.url + "/router/drain", json={"url": a.url}, timeout=120).json()
+        assert drained["outstanding"] == 0
+        requests.post(router.url + "/router/remove", json={"url": a.url}).raise_for_status()
+        a.stop()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert done[0] > 20 and failures == [], failures[:3]
+    urls = {x["url"] for x in requests.get(router.url + "/router/backends").json()["backends"]}
+    assert urls == {b.url, new.url}
+
+
+def test_a_killed_replica_costs_no_request(cluster):
+    """Non-streamed requests spread over two replicas; one is SIGKILLed mid-load: the ones it held are retried
+    on the other (nothing had reached their clients yet), so every request is answered."""
+    router, (_, other) = cluster.router, cluster.in_rotation()
+    results: list[int] = []
+
+    def send(i: int) -> None:
+        results.append(_complete(router.url, [900 + i, 17, 18], max_tokens=300).status_code)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while _outstanding(router.url, other.url) < 3:   # it holds some of them, unfinished
+        assert time.time() < deadline
+        time.sleep(0.05)
+    other.proc.send_signal(signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    other.stop()
+    assert results == [200] * 12, results
+    assert _metric(router.url, "tokenmill_router:retries_total") >= 1
+
+
+def test_no_live_replica_is_a_503_with_retry_after():
+    """A backend that accepts connections but never answers, and one whose port is closed: neither enters the
+    rotation, and the router answers at once instead of hanging."""
+    import socket
+
+    from fastapi.testclient import TestClient
+
+    from tokenmill.router.app import build_router_app
+    from tokenmill.router.backends import BackendPool, parse_backend
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)   # accepts, never reads or answers
+    dead = f"http://127.0.0.1:{free_port()}"
+    pool = BackendPool([parse_backend(f"http://127.0.0.1:{silent.getsockname()[1]}"), parse_backend(dead)],
+                       health_interval=0.2, timeout=0.5)
+    try:
+        with TestClient(build_router_app(pool, None)) as client:
+            time.sleep(1.0)
+            assert client.get("/health").status_code == 503
+            t0 = time.time()
+            r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert time.time() - t0 < 2
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == 503
+            backends = client.get("/router/backends").json()["backends"]
+            assert not any(x["healthy"] for x in backends) and all(x["last_error"] for x in backends)
+    finally:
+        silent.close()

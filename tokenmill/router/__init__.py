@@ -1,0 +1,1 @@
+"""`tokenmill router`: one OpenAI-compatible front for many `tokenmill serve` replicas."""

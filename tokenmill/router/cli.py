@@ -1,0 +1,116 @@
+"""`tokenmill router`: flags, the replicas it may start itself, and the process lifetime."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+
+class _BackendAction(argparse.Action):
+    """--backend URL appends a backend; a --weight right after it sets that backend's weight."""
+
+    def __call__(self, parser, ns, value, option_string=None):
+        backends = list(getattr(ns, "backends", None) or [])
+        if option_string == "--weight":
+            if not backends:
+                parser.error("--weight must follow a --backend")
+            backends[-1] = (backends[-1][0], float(value))
+        else:
+            backends.append((value, 1.0))
+        ns.backends = backends
+
+
+def add_router_parser(sub) -> None:
+    p = sub.add_parser("router", help="An OpenAI-compatible front for many `tokenmill serve` replicas: routes by "
+                                      "prefix-cache affinity and load, health-checks, drains for rollouts.")
+    p.add_argument("--backend", action=_BackendAction, dest="backends", metavar="URL",
+                   help="A replica's base URL, like http://127.0.0.1:8001 (repeat for each).")
+    p.add_argument("--weight", action=_BackendAction, dest="backends", metavar="W",
+                   help="The share of traffic of the --backend just before it, relative to 1 (0.1: a canary).")
+    p.add_argument("--backends-file", default=None,
+                   help="A file of 'URL [WEIGHT]' lines, re-read every health interval (edit it to add or remove "
+                        "replicas).")
+    p.add_argument("--replicas", type=int, default=0,
+                   help="Start this many `tokenmill serve` replicas on this machine, each pinned to its share of "
+                        "the CPUs (data parallel in one command).")
+    p.add_argument("--replica-args", default="",
+                   help="Extra `tokenmill serve` flags for the replicas --replicas starts (one quoted string).")
+    p.add_argument("--replica-port-base", type=int, default=8100, help="The first replica's port.")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=None,
+                   help="The replicas' model, for its tokenizer and chat template: the router hashes each prompt's "
+                        "first blocks as the engine does. Default: the embedded SmolLM2.")
+    p.add_argument("--block-size", type=int, default=16, help="The replicas' KV block size.")
+    p.add_argument("--affinity-blocks", type=int, default=4,
+                   help="Leading blocks whose hash picks the replica (0: route by load alone).")
+    p.add_argument("--load-factor", type=float, default=1.25,
+                   help="A replica takes a prefix's requests while it carries at most this times the mean load.")
+    p.add_argument("--health-interval", type=float, default=1.0, help="Seconds between health checks.")
+    p.add_argument("--uvicorn-log-level", default="warning")
+    p.set_defaults(func=run_router)
+
+
+def start_replicas(n: int, port_base: int, extra: str) -> tuple[list[subprocess.Popen], list[str]]:
+    """N `tokenmill serve` processes on 127.0.0.1, each with a contiguous share of this process's CPUs."""
+    from tokenmill.platform import one_cpu_per_core, process_cpus, rank_cpus
+
+    cpus = one_cpu_per_core(process_cpus())
+    procs, urls = [], []
+    for i in range(n):
+        share = rank_cpus(cpus, i, n)
+        port = port_base + i
+        cmd = [sys.executable, "-m", "tokenmill.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--cpu-bind", ",".join(map(str, share)), *shlex.split(extra)]
+        logger.info("starting replica %d on port %d, CPUs %s", i, port, share)
+        procs.append(subprocess.Popen(cmd, env=os.environ.copy()))
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+def run_router(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tokenmill.router.app import build_router_app
+    from tokenmill.router.backends import BackendPool, parse_backend, read_backends_file
+    from tokenmill.router.policy import PrefixKeyer, Router
+
+    backends = [parse_backend(url, w) for url, w in (ns.backends or [])]
+    if ns.backends_file:
+        backends += read_backends_file(ns.backends_file)
+    if ns.replicas < 0:
+        raise ValueError(f"--replicas must not be negative, got {ns.replicas}")
+    procs: list[subprocess.Popen] = []
+    if ns.replicas:
+        procs, urls = start_replicas(ns.replicas, ns.replica_port_base, ns.replica_args)
+        backends += [parse_backend(u) for u in urls]
+    if not backends:
+        raise ValueError("give at least one --backend, a --backends-file or --replicas N")
+    keyer = None
+    if ns.affinity_blocks > 0:
+        from tokenmill.model.loader import load_tokenizer
+        from tokenmill.model.source import resolve_model
+
+        keyer = PrefixKeyer(load_tokenizer(resolve_model(ns.model).path), ns.block_size, ns.affinity_blocks)
+    pool = BackendPool(backends, ns.health_interval)
+    app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file)
+    logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
+                ", ".join(b.url for b in backends))
+    try:
+        uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level, access_log=False)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return 0
