@@ -28,17 +28,19 @@ class BenchRequest:
 
 
 def random_requests(num_prompts: int, input_len: int, output_len: int, prefix_len: int = 0, seed: int = 0,
-                    vocab_size: int = 49152, min_input_len: int | None = None) -> list[BenchRequest]:
+                    vocab_size: int = 49152, min_input_len: int | None = None,
+                    num_prefixes: int = 1) -> list[BenchRequest]:
     """A shared prefix (if any) then a distinct random body per request, drawn with numpy's PCG64; with
-    min_input_len, each body is cut to a length drawn uniformly from min_input_len..input_len."""
+    min_input_len, each body is cut to a length drawn uniformly from min_input_len..input_len. With
+    num_prefixes > 1, request i gets prefix i % num_prefixes (many system prompts: what a router spreads)."""
     rng = np.random.default_rng(seed)
-    prefix = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(prefix_len,), dtype=np.int64).tolist() \
-        if prefix_len else []
+    prefixes = [rng.integers(FIRST_NORMAL_ID, vocab_size, size=(prefix_len,), dtype=np.int64).tolist()
+                if prefix_len else [] for _ in range(max(1, num_prefixes))]
     body = rng.integers(FIRST_NORMAL_ID, vocab_size, size=(num_prompts, input_len), dtype=np.int64).tolist()
     if min_input_len is not None:
         lengths = rng.integers(min_input_len, input_len + 1, size=num_prompts)
         body = [b[:n] for b, n in zip(body, lengths)]
-    return [BenchRequest(prefix + b, output_len) for b in body]
+    return [BenchRequest(prefixes[i % len(prefixes)] + b, output_len) for i, b in enumerate(body)]
 
 
 def apply_workload(ns) -> None:

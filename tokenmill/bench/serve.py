@@ -37,6 +37,9 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=None)
     p.add_argument("--output-len", type=int, default=None)
     p.add_argument("--prefix-len", type=int, default=None)
+    p.add_argument("--num-prefixes", type=int, default=1,
+                   help="Distinct shared prefixes of --prefix-len tokens; request i gets prefix i mod N (a router's "
+                        "prefix-affinity workload).")
     p.add_argument("--dataset-seed", type=int, default=None)
     p.add_argument("--request-rate", default="inf", help="Requests per second (Poisson arrivals), or inf.")
     p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrivals; 1 is Poisson.")
@@ -136,7 +139,7 @@ async def _run(ns) -> dict:
 
     apply_workload(ns)
     reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed,
-                           ns.vocab_size)
+                           ns.vocab_size, num_prefixes=ns.num_prefixes)
     texts = [None] * len(reqs)
     if ns.endpoint == "/v1/chat/completions":
         from tokenmill.model.loader import load_tokenizer
