@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    ns.argv = list(sys.argv[1:] if argv is None else argv)   # `serve -dp N` passes them on to its replicas
     try:
         return int(ns.func(ns) or 0) if hasattr(ns, "func") else _dispatch(ns)
     except ValueError as e:

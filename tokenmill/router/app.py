@@ -55,7 +55,8 @@ class RouterMetrics:
 
 
 def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Router | None = None,
-                     backends_file: str | None = None, connect_timeout: float = 3.0) -> FastAPI:
+                     backends_file: str | None = None, connect_timeout: float = 3.0,
+                     admin_key: str | None = None) -> FastAPI:
     router = router or Router()
     metrics = RouterMetrics()
 
@@ -70,6 +71,15 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
 
     app = FastAPI(title="tokenmill router", lifespan=lifespan)
     app.state.pool, app.state.router = pool, router
+
+    @app.middleware("http")
+    async def admin_auth(raw: Request, call_next):
+        """The admin routes change what serves traffic: with a key set, they need it."""
+        if admin_key and raw.url.path.startswith("/router/") and \
+                raw.headers.get("authorization", "") != f"Bearer {admin_key}":
+            return JSONResponse({"error": {"message": "invalid or missing API key", "type": "authentication_error",
+                                           "param": None, "code": 401}}, status_code=401)
+        return await call_next(raw)
 
     async def proxy(raw: Request, path: str, chat: bool):
         data = await raw.body()

@@ -43,8 +43,11 @@ def add_router_parser(sub) -> None:
     p.add_argument("--replica-args", default="",
                    help="Extra `tokenmill serve` flags for the replicas --replicas starts (one quoted string).")
     p.add_argument("--replica-port-base", type=int, default=8100, help="The first replica's port.")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 opens it to the network).")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="Require this bearer key on the admin routes (/router/*), or TOKENMILL_API_KEY. Requests to "
+                        "/v1 pass their Authorization header on to the replicas, which check it.")
     p.add_argument("--model", default=None,
                    help="The replicas' model, for its tokenizer and chat template: the router hashes each prompt's "
                         "first blocks as the engine does. Default: the embedded SmolLM2.")
@@ -75,6 +78,39 @@ def start_replicas(n: int, port_base: int, extra: str) -> tuple[list[subprocess.
     return procs, urls
 
 
+_OWN_FLAGS = {"--data-parallel-size": True, "-dp": True, "--port": True, "--host": True}
+
+
+def replica_argv(argv: list[str]) -> list[str]:
+    """`serve`'s own command line without the flags the data-parallel front takes for itself."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in _OWN_FLAGS:
+            skip = "=" not in a
+            continue
+        if i == 0 and a == "serve":
+            continue
+        out.append(a)
+    return out
+
+
+def serve_data_parallel(ns: argparse.Namespace) -> int:
+    """`tokenmill serve --data-parallel-size N`: the router on --host/--port in front of N replicas of the same
+    `serve` command on 127.0.0.1, ports --port+1.., each pinned to its share of the CPUs."""
+    if ns.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be at least 1, got {ns.data_parallel_size}")
+    router_ns = argparse.Namespace(
+        backends=None, backends_file=None, replicas=ns.data_parallel_size,
+        replica_args=shlex.join(replica_argv(getattr(ns, "argv", []))), replica_port_base=ns.port + 1,
+        host=ns.host, port=ns.port, api_key=ns.api_key, model=ns.model, block_size=ns.block_size,
+        affinity_blocks=4, load_factor=1.25, health_interval=1.0, uvicorn_log_level="warning")
+    return run_router(router_ns)
+
+
 def run_router(ns: argparse.Namespace) -> int:
     import uvicorn
 
@@ -100,7 +136,8 @@ def run_router(ns: argparse.Namespace) -> int:
 
         keyer = PrefixKeyer(load_tokenizer(resolve_model(ns.model).path), ns.block_size, ns.affinity_blocks)
     pool = BackendPool(backends, ns.health_interval)
-    app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file)
+    api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
+    app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file, admin_key=api_key)
     logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
                 ", ".join(b.url for b in backends))
     try:

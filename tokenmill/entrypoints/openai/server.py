@@ -229,6 +229,10 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
 def run_server(ns: argparse.Namespace) -> int:
     """Start the engine core and the API server; returns the process exit code."""
+    if ns.data_parallel_size != 1:
+        from tokenmill.router.cli import serve_data_parallel
+
+        return serve_data_parallel(ns)
     import torch
     import uvicorn
 
