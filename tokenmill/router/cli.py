@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -140,11 +141,15 @@ def run_router(ns: argparse.Namespace) -> int:
     app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file, admin_key=api_key)
     logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
                 ", ".join(b.url for b in backends))
+    # uvicorn re-raises the SIGINT it stopped on; with Python's default handler that is a KeyboardInterrupt
+    # traceback out of a clean shutdown
+    signal.signal(signal.SIGINT, lambda *_: None)
     try:
         uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level, access_log=False)
     finally:
         for p in procs:
-            p.terminate()
+            if p.poll() is None:
+                p.terminate()   # SIGTERM: a replica drains its in-flight requests, then exits 0
         for p in procs:
             try:
                 p.wait(30)

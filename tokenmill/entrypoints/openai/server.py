@@ -280,8 +280,9 @@ class _Server:
                     logger.info("received %s: draining in-flight requests", signal.Signals(sig).name)
                 ctx.draining = True
                 super().handle_exit(sig, frame)
-                if sig == signal.SIGTERM and hasattr(self, "_captured_signals"):
-                    # a drained SIGTERM is a clean stop: exit 0 rather than re-raising the signal
-                    self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+                if sig in (signal.SIGTERM, signal.SIGINT) and hasattr(self, "_captured_signals"):
+                    # a drained SIGTERM or Ctrl-C is a clean stop: exit 0 rather than re-raising the signal (which
+                    # ends a SIGINT in a KeyboardInterrupt traceback)
+                    self._captured_signals = [s for s in self._captured_signals if s != sig]
 
         return DrainingServer(config)
