@@ -3,7 +3,10 @@ embedded SmolLM2, and a reference greedy run with transformers."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "TOKENMILL_CACHE_DIR" not in os.environ:   # the start cache of this run only (servers started by tests share it)
+    os.environ["TOKENMILL_CACHE_DIR"] = tempfile.mkdtemp(prefix="tokenmill-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TOKENMILL_CACHE_DIR"], True)
 
 TINY_BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=1024, vocab_size=49152, initializer_range=0.3,

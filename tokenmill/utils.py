@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
+
+PROCESS_START = time.monotonic()   # (about) when this process started: the start-up log counts from it
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}

@@ -103,6 +103,10 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if ns.command == "chat":
         return cmd_chat(ns)
     if ns.command == "serve":
+        if ns.data_parallel_size == 1:
+            from tokenmill.engine.process_start import prestart_engine_process
+
+            prestart_engine_process()   # the engine core's imports, on the other core, while ours run
         from tokenmill.entrypoints.openai.server import run_server
 
         return run_server(ns)

@@ -7,7 +7,6 @@ and a stats-only one when the engine goes idle (so gauges such as KV usage fall 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import tempfile
@@ -20,6 +19,7 @@ import zmq.asyncio
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.process_start import engine_process_context
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -105,7 +105,7 @@ class AsyncMPClient:
         self.output.bind(self.output_addr)
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        mp = multiprocessing.get_context("spawn")
+        mp = engine_process_context()
         self.proc = mp.Process(target=run_engine_core, args=(config, self.input_addr, self.output_addr),
                                name="tokenmill-engine-core",
                                # a daemon may not start processes: the ranks of a parallel engine are its children

@@ -45,7 +45,21 @@ def gguf_architecture(path: str) -> str:
 
 
 def gguf_hf_config(path: str):
-    """Build the transformers config from the GGUF metadata (no tokenizer parsing: fast)."""
+    """The transformers config of a GGUF file: built from its metadata once (parsing the file takes seconds),
+    then read from the start cache."""
+    from transformers import AutoConfig
+
+    from tokenmill.model.start_cache import cached_folder
+
+    folder = cached_folder(path, "config", lambda tmp: _build_hf_config(path).save_pretrained(str(tmp)))
+    if folder is None:
+        return _build_hf_config(path)
+    config = AutoConfig.from_pretrained(str(folder))
+    config._name_or_path = ""   # as built: the cache folder is no name of the model
+    return config
+
+
+def _build_hf_config(path: str):
     from transformers import AutoConfig
 
     r = _reader(path)

@@ -104,12 +104,21 @@ def _model_max_len(hf_config) -> int:
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str):
-    """A transformers fast tokenizer; for a GGUF file it is built from the file's own vocabulary (slow: cached)."""
+    """A transformers fast tokenizer; for a GGUF file it is built from the file's own vocabulary (~10 s), once:
+    later starts read the start cache's saved copy."""
     from transformers import AutoTokenizer
+
+    from tokenmill.model.start_cache import cached_folder
 
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        def build(tmp: Path) -> None:
+            AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name).save_pretrained(str(tmp))
+
+        folder = cached_folder(path, "tokenizer", build)
+        if folder is None:
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        return AutoTokenizer.from_pretrained(str(folder))
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -143,9 +152,13 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
                                                model_config.format))
     if model_config.format == "gguf":
         from tokenmill.model.gguf_file import iter_gguf_weights
+        from tokenmill.model.start_cache import cached_tensors
 
-        weights = iter_gguf_weights(model_config.model, model_config.hf_config,
-                                    keep_quantized=model_config.quantization == "gguf")
+        keep = model_config.quantization == "gguf"
+        raw = iter_gguf_weights(model_config.model, model_config.hf_config, keep_quantized=keep)
+        # dequantized once, then read from the start cache (in float32 where a quantizer reads them)
+        weights = raw if keep else cached_tensors(model_config.model, "weights", torch.float32
+                                                  if model_config.quantization else dtype, lambda: raw)
     else:
         weights = iter_safetensors(model_config.model)
     with torch.no_grad():

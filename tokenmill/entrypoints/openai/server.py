@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import os
 import signal
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -32,7 +33,7 @@ from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, templat
 from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLimits, ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.metrics import Metrics
-from tokenmill.utils import init_logger
+from tokenmill.utils import PROCESS_START, init_logger
 
 logger = init_logger(__name__)
 
@@ -101,6 +102,7 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        logger.info("ready in %.1f s since the process started", time.monotonic() - PROCESS_START)
         watchdog = asyncio.create_task(liveness.watch(engine))
         yield
         watchdog.cancel()
