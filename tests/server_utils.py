@@ -17,6 +17,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
 class ServerProcess:
     def __init__(self, *args: str, env: dict | None = None, command: str = "serve", wait: bool = True):
         self.port = free_port()
@@ -41,11 +51,17 @@ class ServerProcess:
         raise RuntimeError("server did not become healthy")
 
     def engine_pid(self) -> int:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        """The engine-core process: a spawned child of the server, or (as `serve` starts it) a child of the
+        server's fork server."""
+        out = _children(self.proc.pid)
         for pid in out:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    return int(pid)
+            cmdline = _cmdline(pid)
+            if b"spawn_main" in cmdline:
+                return pid
+            if b"forkserver" in cmdline:
+                forked = _children(pid)
+                if forked:
+                    return forked[0]
         raise RuntimeError(f"no engine-core child among {out}")
 
     def stop(self) -> None:

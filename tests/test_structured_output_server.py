@@ -117,7 +117,7 @@ def test_required_and_named_tool_calls_always_valid_and_stream_the_same(client):
     tried = 0
     for choice in ("required", {"type": "function", "function": {"name": "add"}}):
         for temp, seed in ((0.0, 0), (1.0, 1), (1.0, 2), (1.0, 3)):
-            kw = dict(model=m, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=120, temperature=temp,
+            kw = dict(model=m, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=temp,
                       seed=seed)
             r = client.chat.completions.create(**kw)
             msg, finish = r.choices[0].message, r.choices[0].finish_reason
