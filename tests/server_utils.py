@@ -73,3 +73,38 @@ class ServerProcess:
                 self.proc.kill()
         if self.log:
             self.log.close()
+
+
+def kill_mid_stream(server: ServerProcess, victim, max_tokens: int) -> tuple[list, int, list[dict]]:
+    """Start a streamed request, SIGKILL the process `victim()` names once tokens flow, and watch: the /health
+    codes until the server exits, its exit code, and the error events the stream got."""
+    import json
+    import signal
+    import threading
+
+    events: list[bytes] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        r = requests.post(server.url + "/v1/completions", stream=True,
+                          json={"prompt": "Go", "max_tokens": max_tokens, "ignore_eos": True, "stream": True})
+        for line in r.iter_lines():
+            if line:
+                events.append(line)
+                started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert started.wait(30)
+    os.kill(victim(), signal.SIGKILL)
+    codes: list = []
+    deadline = time.time() + 30
+    while time.time() < deadline and server.proc.poll() is None:
+        try:
+            codes.append(requests.get(server.url + "/health", timeout=1).status_code)
+        except requests.ConnectionError:
+            codes.append(None)
+        time.sleep(0.1)
+    code = server.proc.wait(30)
+    t.join(10)
+    return codes, code, [json.loads(e.removeprefix(b"data: "))["error"] for e in events if b'"error"' in e]

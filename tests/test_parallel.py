@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -154,46 +152,22 @@ def test_tensor_parallel_over_a_local_ray_cluster(tiny_model_dir, monkeypatch):
 def test_a_dead_rank_fails_the_server_instead_of_hanging(tiny_model_dir):
     """SIGKILL on rank 1 mid-stream: the in-flight request gets an error event, /health stops answering 200 and
     the server exits non-zero."""
-    import json
-    import threading
-
     import requests
-    from server_utils import ServerProcess
+    from server_utils import ServerProcess, kill_mid_stream
 
     s = ServerProcess(str(tiny_model_dir("llama")), "--dtype", "float32", "--kv-cache-memory", "32MiB",
                       "--tensor-parallel-size", "2")
     try:
         ok = requests.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
-        events: list[bytes] = []
-        started = threading.Event()
 
-        def stream() -> None:
-            r = requests.post(s.url + "/v1/completions", stream=True,
-                              json={"prompt": "Go", "max_tokens": 900, "ignore_eos": True, "stream": True})
-            for line in r.iter_lines():
-                if line:
-                    events.append(line)
-                    started.set()
+        def rank_1() -> int:
+            ranks = subprocess.run(["pgrep", "-P", str(s.engine_pid())], capture_output=True, text=True).stdout
+            assert ranks.split(), "the engine core has no rank process"
+            return int(ranks.split()[0])
 
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(30)
-        ranks = subprocess.run(["pgrep", "-P", str(s.engine_pid())], capture_output=True, text=True).stdout.split()
-        assert ranks, "the engine core has no rank process"
-        os.kill(int(ranks[0]), signal.SIGKILL)
-        codes = []
-        deadline = time.time() + 30
-        while time.time() < deadline and s.proc.poll() is None:
-            try:
-                codes.append(requests.get(s.url + "/health", timeout=1).status_code)
-            except requests.ConnectionError:
-                codes.append(None)
-            time.sleep(0.1)
+        codes, exit_code, errors = kill_mid_stream(s, rank_1, max_tokens=900)
         assert codes and codes[-1] != 200, "health kept answering 200 with a rank dead"
-        assert s.proc.wait(30) != 0
-        t.join(10)
-        errors = [json.loads(e.removeprefix(b"data: "))["error"] for e in events if b'"error"' in e]
-        assert errors, events[-3:]
+        assert exit_code != 0 and errors
     finally:
         s.stop()

@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 import requests
-from server_utils import ServerProcess
+from server_utils import ServerProcess, kill_mid_stream
 
 pytestmark = pytest.mark.slow
 KEY = "test-key-123"
@@ -189,41 +189,12 @@ def test_metrics_tokenize_detokenize_version(server, client):
 
 
 def test_engine_death_fails_health_and_exits():
-    import json
-    import os
-    import signal
-    import threading
-
     s = ServerProcess("--kv-cache-memory", "64MiB")
     try:
-        events: list[bytes] = []
-        started = threading.Event()
-
-        def stream() -> None:   # a request in flight when the engine dies is answered with an error event
-            r = requests.post(s.url + "/v1/completions", stream=True,
-                              json={"prompt": "Go", "max_tokens": 2000, "ignore_eos": True, "stream": True})
-            for line in r.iter_lines():
-                if line:
-                    events.append(line)
-                    started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(30)
-        os.kill(s.engine_pid(), signal.SIGKILL)
-        codes = []
-        deadline = time.time() + 30
-        while time.time() < deadline and s.proc.poll() is None:
-            try:
-                codes.append(requests.get(s.url + "/health", timeout=1).status_code)
-            except requests.ConnectionError:
-                codes.append(None)
-            time.sleep(0.1)
+        codes, exit_code, errors = kill_mid_stream(s, s.engine_pid, max_tokens=2000)
         assert codes and codes[-1] != 200, "health kept answering 200 with the engine dead"
-        assert s.proc.wait(30) != 0
-        t.join(10)
-        errors = [json.loads(e.removeprefix(b"data: "))["error"] for e in events if b'"error"' in e]
-        assert errors and errors[0]["code"] == 500, events[-3:]
+        assert exit_code != 0
+        assert errors and errors[0]["code"] == 500, errors
     finally:
         s.stop()
 

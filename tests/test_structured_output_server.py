@@ -114,14 +114,19 @@ def stream_tool_calls(client, **kw) -> tuple[str, str, list[dict]]:
 
 def test_required_and_named_tool_calls_always_valid_and_stream_the_same(client):
     m = model(client)
-    tried = 0
+    tried, truncated = 0, 0
     for choice in ("required", {"type": "function", "function": {"name": "add"}}):
         for temp, seed in ((0.0, 0), (1.0, 1), (1.0, 2), (1.0, 3)):
             kw = dict(model=m, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=temp,
                       seed=seed)
             r = client.chat.completions.create(**kw)
             msg, finish = r.choices[0].message, r.choices[0].finish_reason
-            assert finish == ("tool_calls" if choice == "required" else "stop")
+            if finish == "length" and choice == "required" and temp > 0:
+                # "required" takes one call or more: sampled, the model may go on adding calls past max_tokens,
+                # which is a legitimate "length" (counted below: the greedy and the named runs must complete)
+                truncated += 1
+                continue
+            assert finish == ("tool_calls" if choice == "required" else "stop"), (temp, seed, msg)
             assert msg.tool_calls and msg.content is None
             for call in msg.tool_calls:
                 jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
@@ -132,7 +137,7 @@ def test_required_and_named_tool_calls_always_valid_and_stream_the_same(client):
             assert (content, s_finish) == ("", finish)
             assert calls == [{"name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls]
             tried += 1
-    assert tried == 8
+    assert tried + truncated == 8 and tried >= 6, (tried, truncated)
 
 
 def test_auto_reads_what_the_model_says(client):
