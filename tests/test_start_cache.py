@@ -32,7 +32,7 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
     load_tokenizer.cache_clear()
     cached = load_tokenizer(embedded_gguf)        # reads it
     load_tokenizer.cache_clear()
-    assert any(d.name.endswith(tuple("0123456789abcdef")) and "-tokenizer-" in d.name for d in fresh_cache.iterdir())
+    assert any("-tokenizer-" in d.name for d in fresh_cache.iterdir())
     texts = ["Hello, world!", "  spaces\tand\nnewlines  ", "naïve café 東京 🙂", "<|im_start|>user\nhi<|im_end|>"]
     for text in texts:
         assert cached(text).input_ids == direct(text).input_ids, text

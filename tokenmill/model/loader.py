@@ -111,15 +111,14 @@ def load_tokenizer(path: str):
     from tokenmill.model.start_cache import cached_folder
 
     p = Path(path)
-    if p.is_file() and p.suffix == ".gguf":
-        def build(tmp: Path) -> None:
-            AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name).save_pretrained(str(tmp))
+    if not (p.is_file() and p.suffix == ".gguf"):
+        return AutoTokenizer.from_pretrained(path)
 
-        folder = cached_folder(path, "tokenizer", build)
-        if folder is None:
-            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        return AutoTokenizer.from_pretrained(str(folder))
-    return AutoTokenizer.from_pretrained(path)
+    def from_file():
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+    folder = cached_folder(path, "tokenizer", lambda tmp: from_file().save_pretrained(str(tmp)))
+    return from_file() if folder is None else AutoTokenizer.from_pretrained(str(folder))
 
 
 def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -22,9 +21,7 @@ class Backend:
     outstanding: int = 0         # requests the router has in flight on it
     waiting: int = 0             # its engine's waiting queue, from its /load
     kv_usage: float = 0.0
-    failures: int = 0
     last_error: str = ""
-    checked_at: float = field(default=0.0)
 
     @property
     def routable(self) -> bool:
@@ -99,7 +96,6 @@ class BackendPool:
         if backend.healthy:
             logger.warning("backend %s left the rotation: %s", backend.url, error)
         backend.healthy, backend.last_error = False, error
-        backend.failures += 1
 
     async def check(self, backend: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout)
@@ -115,7 +111,6 @@ class BackendPool:
                         backend.kv_usage = float(load.get("kv_usage", 0.0))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok, error = False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        backend.checked_at = time.monotonic()
         if ok and not backend.healthy:
             logger.info("backend %s is healthy: in rotation", backend.url)
         elif not ok and backend.healthy:

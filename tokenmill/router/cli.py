@@ -104,11 +104,13 @@ def serve_data_parallel(ns: argparse.Namespace) -> int:
     `serve` command on 127.0.0.1, ports --port+1.., each pinned to its share of the CPUs."""
     if ns.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be at least 1, got {ns.data_parallel_size}")
-    router_ns = argparse.Namespace(
-        backends=None, backends_file=None, replicas=ns.data_parallel_size,
-        replica_args=shlex.join(replica_argv(getattr(ns, "argv", []))), replica_port_base=ns.port + 1,
-        host=ns.host, port=ns.port, api_key=ns.api_key, model=ns.model, block_size=ns.block_size,
-        affinity_blocks=4, load_factor=1.25, health_interval=1.0, uvicorn_log_level="warning")
+    parser = argparse.ArgumentParser(prog="tokenmill")
+    add_router_parser(parser.add_subparsers())
+    router_ns = parser.parse_args(
+        ["router", "--replicas", str(ns.data_parallel_size), "--replica-port-base", str(ns.port + 1),
+         "--replica-args", shlex.join(replica_argv(getattr(ns, "argv", []))), "--host", ns.host,
+         "--port", str(ns.port), "--block-size", str(ns.block_size)]
+        + (["--model", ns.model] if ns.model else []) + (["--api-key", ns.api_key] if ns.api_key else []))
     return run_router(router_ns)
 
 
