@@ -31,6 +31,11 @@ TINY_FAMILIES = {
     "llama_linear": ("LlamaConfig", dict(tie_word_embeddings=True, rope_scaling={"rope_type": "linear",
                                                                                   "factor": 2.0})),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+    # sliding windows shorter than the prompts and than a block: every layer (Mistral), or only the layers
+    # from max_window_layers on (Qwen2's layer_types)
+    "mistral_window": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=12)),
+    "qwen2_window": ("Qwen2Config", dict(tie_word_embeddings=True, use_sliding_window=True, sliding_window=20,
+                                         max_window_layers=1)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32)),
     # mixtures of experts: renormalised top-k (Mixtral, Qwen3-MoE), a gated shared expert and a dense layer

@@ -71,6 +71,22 @@ def test_backend_bf16_close_to_reference(backend):
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("block_size, hq, hkv, d", [(16, 9, 3, 64), (8, 4, 4, 64), (16, 4, 2, 32)])
+@pytest.mark.parametrize("window", [1, 5, 16, 37])
+def test_sliding_window_matches_reference(backend, case, block_size, hq, hkv, d, window):
+    """A window inside a block, of one block, and across blocks; (16, 9, 3, 64) takes the kernel's decode path."""
+    q_lens, ctx = CASES[case]
+    q, k, v, cache, md = _case(q_lens, ctx, block_size, hq, hkv, d, torch.float32)
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125, window=window)
+    out = get_backend(backend, "cpu").forward(q, k, v, cache, md, 0.125, window=window)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    if window < md.max_seq_len:  # the window changes the answer: the reference's masking does something
+        full = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
+        assert not torch.allclose(full, ref, atol=1e-3)
+
+
 def test_reference_reads_what_was_written():
     """torch_ref on a one-token context returns exactly v: the write and the gather address the same slot."""
     q, k, v, cache, md = _case([1], [0], 16, 4, 2, 8, torch.float32)
@@ -127,3 +143,19 @@ def test_shared_prefix_matches_reference(dtype, hq, hkv, d, case, in_order):
     assert prefix.all_tokens == (case != "decodes_and_a_long_chunk")
     tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(out.float(), ref.float(), **tol)
+
+
+@pytest.mark.parametrize("case", sorted(SHARED_PREFIX_CASES))
+def test_sliding_window_over_a_shared_prefix(case):
+    """A windowed layer does not attend a shared prefix that its tokens partly cannot see: no cascade plan for it,
+    while a full-attention layer of the same step keeps its cascade."""
+    tails, q_lens = SHARED_PREFIX_CASES[case]
+    q, k, v, cache, md = _shared_prefix_case(tails, q_lens, 20, 16, 9, 3, 64, torch.float32)
+    cpu = get_backend("cpu", "cpu")
+    for window in (7, 300):
+        ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125, window=window)
+        out = cpu.forward(q, k, v, cache, md, 0.125, window=window)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    assert md.backend_plan["cpu/window"].prefix is None
+    cpu.forward(q, k, v, cache, md, 0.125)
+    assert md.backend_plan["cpu"].prefix is not None

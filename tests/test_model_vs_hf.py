@@ -19,8 +19,15 @@ def _random_prompts(lengths, seed=0, vocab=49152):
 
 
 def _run_ours(llm, prompts):
+    return _tokens_and_logprobs(_generate(llm, prompts))
+
+
+def _generate(llm, prompts):
     sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+
+
+def _tokens_and_logprobs(outs):
     return [(o.outputs[0].token_ids, [d[t].logprob for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
             for o in outs]
 
@@ -53,5 +60,27 @@ def test_smollm2_gguf_matches_transformers(embedded_gguf, smol_tokenizer, smol_l
     path = Path(embedded_gguf)
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     for prompt, (tokens, logprobs) in zip(prompts, ours):
+        ref, ref_logits = hf_greedy(hf, prompt, NEW_TOKENS)
+        assert_greedy_matches(tokens, logprobs, ref, ref_logits)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch_sdpa"])
+def test_sliding_window_through_chunks_and_a_cached_prefix(backend, tiny_model_dir):
+    """A windowed model (every layer sees its last 12 tokens) stays equal to transformers when prompts arrive in
+    chunks of 24 tokens and when a later prompt starts from the cached blocks of an earlier one: the window
+    applies to keys read from the cache as much as to the step's own."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_dir("mistral_window")
+    base = _random_prompts([70])[0]
+    prompts = [base + tail for tail in _random_prompts([5, 30], seed=1)]
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="32MiB", block_size=16, max_num_batched_tokens=24,
+              attention_backend=backend)
+    ours = _run_ours(llm, [base])
+    later = _generate(llm, prompts)
+    assert all(o.num_cached_tokens >= 64 for o in later)  # 4 blocks of the first prompt were reused
+    ours += _tokens_and_logprobs(later)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for prompt, (tokens, logprobs) in zip([base, *prompts], ours):
         ref, ref_logits = hf_greedy(hf, prompt, NEW_TOKENS)
         assert_greedy_matches(tokens, logprobs, ref, ref_logits)

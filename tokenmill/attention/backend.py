@@ -36,7 +36,10 @@ class AttentionBackend:
     name = "base"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                window: int = 0) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: the new tokens' [T, Hkv, D], already in kv_cache [2, N, block_size, Hkv, D]
-        (quantized there, when its dtype is, with k_scale and v_scale: see attention/ops.py). Returns [T, Hq, D]."""
+        (quantized there, when its dtype is, with k_scale and v_scale: see attention/ops.py). window > 0: a
+        sliding-window layer, where the token at position p sees keys p - window + 1 .. p only (transformers'
+        mask). Returns [T, Hq, D]."""
         raise NotImplementedError

@@ -58,20 +58,26 @@ class CpuPagedBackend(AttentionBackend):
         self._amx = kernels.amx_available()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-        plan = md.backend_plan.get(self.name)
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                window: int = 0) -> torch.Tensor:
+        if window >= md.max_seq_len:
+            window = 0  # no sequence of this step reaches past the window: full attention is the same
+        key = f"{self.name}/window" if window else self.name  # a window leaves no prefix that every token sees
+        plan = md.backend_plan.get(key)
         if plan is None:
-            plan = md.backend_plan[self.name] = self._plan(md, kv_cache.shape[2])
+            plan = md.backend_plan[key] = self._plan(md, kv_cache.shape[2], cascade=not window)
         out = torch.empty_like(q)
         scales = (k_scale, v_scale)
         if plan.prefix is not None:
             self._cascade(out, q, kv_cache, md, plan, scale, scales)
         elif plan.kernel_rows is not None:
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                     plan.kernel_rows, scale, 0, None, k_scale, v_scale)
-        prompt_row = amx_prompt_row if self._amx_takes(q) else sdpa_prompt_row
+                     plan.kernel_rows, scale, 0, None, k_scale, v_scale, window)
         for i in plan.sdpa_rows:
-            prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
+            if window or not self._amx_takes(q):  # (the AMX prompt kernel has no window)
+                sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales, window)
+            else:
+                amx_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
     def _amx_takes(self, q: torch.Tensor) -> bool:
@@ -104,14 +110,15 @@ class CpuPagedBackend(AttentionBackend):
         torch.ops.tokenmill.merge_attn_states(out, lse_tail, o_pre, lse_pre, prefix.token_index)
 
     @staticmethod
-    def _plan(md: AttentionMetadata, block_size: int) -> CpuPlan:
-        """Computed once per step, shared by all layers: which rows the kernel takes, which SDPA takes, and
-        the prefix blocks the kernel rows share, if they share one."""
+    def _plan(md: AttentionMetadata, block_size: int, cascade: bool = True) -> CpuPlan:
+        """Computed once per step, shared by all layers (of one kind: full or sliding-window attention): which
+        rows the kernel takes, which SDPA takes, and the prefix blocks the kernel rows share, if they share one."""
         q_lens = np.diff(md.query_start_loc_np)
         context = md.seq_lens_np - q_lens  # tokens before this step's new ones
         fresh = (q_lens > 1) & (context == 0)
         group = np.nonzero(~fresh & (q_lens > 0) & (q_lens <= CASCADE_MAX_QUERY_LEN))[0]
-        prefix = _shared_prefix(md, group, context, block_size) if len(group) >= CASCADE_MIN_ROWS else None
+        prefix = (_shared_prefix(md, group, context, block_size) if cascade and len(group) >= CASCADE_MIN_ROWS
+                  else None)
         if prefix is not None:
             kernel, sdpa = group, np.setdiff1d(np.nonzero(q_lens > 0)[0], group)
         else:

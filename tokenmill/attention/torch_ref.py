@@ -15,7 +15,8 @@ class TorchRefBackend(AttentionBackend):
     name = "torch_ref"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                window: int = 0) -> torch.Tensor:
         block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
         group = q.shape[1] // num_kv_heads
         out = torch.empty_like(q)
@@ -35,7 +36,10 @@ class TorchRefBackend(AttentionBackend):
             scores = torch.einsum("qhd,shd->hqs", q[start:end].float(), k) * scale
             q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)
             k_pos = torch.arange(seq_len).unsqueeze(0)
-            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+            hidden = k_pos > q_pos
+            if window:
+                hidden |= k_pos <= q_pos - window
+            scores = scores.masked_fill(hidden, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             out[start:end] = torch.einsum("hqs,shd->qhd", probs, v).to(q.dtype)
         return out

@@ -19,19 +19,21 @@ class TorchSdpaBackend(AttentionBackend):
     name = "torch_sdpa"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                window: int = 0) -> torch.Tensor:
         out = torch.empty_like(q)
         q_lens = np.diff(md.query_start_loc_np)
         decode_rows = np.nonzero(q_lens == 1)[0]
         scales = (k_scale, v_scale)
         if len(decode_rows):
-            self._decode(q, kv_cache, md, scale, decode_rows, out, scales)
+            self._decode(q, kv_cache, md, scale, decode_rows, out, scales, window)
         for i in np.nonzero(q_lens > 1)[0].tolist():
-            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
+            sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales, window)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, md, scale, rows: np.ndarray, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
+    def _decode(q, kv_cache, md, scale, rows: np.ndarray, out: torch.Tensor, scales=(1.0, 1.0),
+                window: int = 0) -> None:
         _, _, block_size, hkv, d = kv_cache.shape
         seq_lens = md.seq_lens_np[rows]
         max_blocks = int(-(-seq_lens.max() // block_size))
@@ -44,7 +46,10 @@ class TorchSdpaBackend(AttentionBackend):
         qg = q.index_select(0, token_idx).view(n, hkv, -1, d)           # [n, Hkv, G, D]
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [n, Hkv, G, S]
         pos = torch.arange(max_blocks * block_size)
-        invalid = pos[None, :] >= torch.from_numpy(seq_lens)[:, None]
+        lens = torch.from_numpy(seq_lens)[:, None]
+        invalid = pos[None, :] >= lens
+        if window:
+            invalid |= pos[None, :] < lens - window
         scores.masked_fill_(invalid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(vals.dtype)
         out.index_copy_(0, token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
@@ -64,16 +69,20 @@ def prompt_row_kv(k, v, kv_cache, md, i: int, scales=(1.0, 1.0)) -> tuple[int, i
     return start, end, seq_len - (end - start), ki, vi
 
 
-def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
+def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0),
+                    window: int = 0) -> None:
     """Attention of batch row i's new tokens with SDPA: causal on the fresh K/V, or masked over the gathered
-    cache when part of the sequence was computed before."""
+    cache when part of the sequence was computed before (or when a sliding window hides its oldest keys)."""
     start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i, scales)
     hq, hkv = q.shape[1], kv_cache.shape[3]
     qi, ki, vi = q[start:end].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1)  # [H, tokens, D]
     mask, causal = None, True
-    if context:
-        seq_len = context + end - start
-        mask, causal = torch.arange(seq_len)[None, :] <= torch.arange(context, seq_len)[:, None], False
+    seq_len = context + end - start
+    if context or 0 < window < seq_len:
+        key_pos, query_pos = torch.arange(seq_len)[None, :], torch.arange(context, seq_len)[:, None]
+        mask, causal = key_pos <= query_pos, False
+        if window:
+            mask &= key_pos > query_pos - window
     # 4-D inputs reach the fused CPU flash kernel (3-D ones fall back to the math path, ~20x slower);
     # enable_gqa lets the query heads share their KV head without copies.
     o = F.scaled_dot_product_attention(qi[None], ki.to(qi.dtype)[None], vi.to(qi.dtype)[None], attn_mask=mask,

@@ -13,9 +13,11 @@ KV_SCALE_HEADROOM = 1.25
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend,
+                 sliding_window: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.sliding_window = sliding_window  # 0: full attention
         self.scale = head_dim**-0.5
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner: [2, N, block_size, Hkv, D]
@@ -34,7 +36,7 @@ class PagedAttention(nn.Module):
         if not kv_written:
             write_kv(self.kv_cache, k, v, md.slot_mapping, self.k_scale, self.v_scale)
         return self.backend.forward(q, k, v, self.kv_cache, md, self.scale, k_scale=self.k_scale,
-                                    v_scale=self.v_scale)
+                                    v_scale=self.v_scale, window=self.sliding_window)
 
     def _calibrate(self, k: torch.Tensor, v: torch.Tensor) -> None:
         limit = kv_range(self.kv_cache.dtype) if is_quantized_kv(self.kv_cache) else 1.0

@@ -48,8 +48,20 @@ def qkv_rank_rows(num_heads: int, num_kv_heads: int, head_dim: int) -> list[tupl
     return [(tp.rank * q * head_dim, q * head_dim), kv_rows, kv_rows]
 
 
+def sliding_window_of(cfg, index: int) -> int:
+    """Layer `index`'s sliding window in tokens, 0 for full attention, as transformers decides it: a config with
+    `layer_types` (Qwen2, Qwen3, Qwen2-MoE) windows only its "sliding_attention" layers, one without (Mistral,
+    Mixtral, Qwen3-MoE) every layer once `sliding_window` is set (their configs leave it unset, or 0, when
+    use_sliding_window is off)."""
+    window = getattr(cfg, "sliding_window", None) or 0
+    layer_types = getattr(cfg, "layer_types", None)
+    if window and layer_types is not None and layer_types[index] != "sliding_attention":
+        return 0
+    return int(window)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, sliding_window: int = 0):
         super().__init__()
         self.head_dim = head_dim_of(cfg)
         rows = qkv_rank_rows(cfg.num_attention_heads, cfg.num_key_value_heads, self.head_dim)
@@ -67,7 +79,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, backend)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, backend, sliding_window)
         self.native = False
 
     def process_weights_after_loading(self) -> None:
@@ -145,7 +157,7 @@ class LlamaDecoderLayer(nn.Module):
 
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, backend, rotary)
+        self.self_attn = LlamaAttention(cfg, backend, rotary, sliding_window_of(cfg, index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = moe_block_for(cfg, index) or LlamaMLP(cfg)
 

@@ -91,15 +91,8 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
 
 
 def _model_max_len(hf_config) -> int:
-    """The model's own limit. Sliding-window attention is not implemented, so a model that uses it is capped at
-    its window, where full attention gives the same result."""
-    limit = int(getattr(hf_config, "max_position_embeddings", 2048))
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True) and window < limit:
-        logger.warning("the model uses a %d-token sliding window, which tokenmill does not implement: "
-                       "max_model_len is capped at %d", window, window)
-        limit = int(window)
-    return limit
+    """The model's own limit; a sliding window does not cap it (those layers attend their last `window` tokens)."""
+    return int(getattr(hf_config, "max_position_embeddings", 2048))
 
 
 @functools.lru_cache(maxsize=4)
@@ -167,6 +160,10 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
     logger.info("loaded %s in %s%s on %s in %.1f s: %s of linear weights", type(model).__name__, model_config.dtype,
                 f", weights {model_config.quantization}" if model_config.quantization else "", device,
                 time.perf_counter() - t0, format_bytes(linear_weight_bytes(model)))
+    windows = [layer.sliding_window for layer in model.attention_layers()]
+    if any(windows):
+        logger.info("sliding-window attention: %d of %d layers see their last %d tokens (all blocks are kept)",
+                    sum(map(bool, windows)), len(windows), max(windows))
     return model
 
 

@@ -117,7 +117,7 @@ template <typename T, typename KT, int64_t D>
 void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t q_len,
                 int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
                 int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
-                float scale, int64_t start_block, float* lse, float v_scale) {
+                float scale, int64_t start_block, float* lse, float v_scale, int64_t window) {
   const int64_t d = D > 0 ? D : d_rt;
   thread_local Scratch sc;
   const int64_t rows = q_len * group;
@@ -133,7 +133,9 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
   reset_state(acc, m, l, rows, d);
   const int64_t first_pos = seq_len - q_len;  // position of query token 0
   const int64_t num_blocks = (seq_len + block_size - 1) / block_size;
-  for (int64_t b = start_block; b < num_blocks; ++b) {
+  // with a sliding window, query token t sees only keys first_pos + t - window + 1 .. first_pos + t
+  const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  for (int64_t b = std::max(start_block, first_key / block_size); b < num_blocks; ++b) {
     const int64_t start = b * block_size;
     const int64_t n = std::min(block_size, seq_len - start);
     const int64_t base = static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
@@ -145,11 +147,13 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     const int64_t t0 = std::max<int64_t>(0, start - first_pos);
     for (int64_t t = t0; t < q_len; ++t) {
       const int64_t visible = std::min(n, first_pos + t - start + 1);
+      const int64_t j0 = window > 0 ? std::max<int64_t>(0, first_pos + t - window + 1 - start) : 0;
+      if (j0 >= visible) continue;  // the whole block lies behind this token's window
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = t * group + g;
         const float* qr = qf + r * d;
         float* sr = s + r * block_size;
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = j0; j < visible; ++j) {
           const float* kr = kf + j * d;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -157,12 +161,12 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
           sr[j] = dot;
         }
         float block_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
+        for (int64_t j = j0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
         const float new_max = std::max(m[r], block_max);
         const float correction = fast_exp(m[r] - new_max);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = j0; j < visible; ++j) {
           sr[j] = fast_exp(sr[j] - new_max);
           sum += sr[j];
         }
@@ -171,7 +175,7 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
         float* ar = acc + r * d;
 #pragma omp simd
         for (int64_t x = 0; x < d; ++x) ar[x] *= correction;
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = j0; j < visible; ++j) {
           const float p = sr[j];
           const float* vr = vf + j * d;
 #pragma omp simd
@@ -248,7 +252,7 @@ inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __
 template <typename T, typename KT, int R>
 void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
                 int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
-                float* lse, float v_scale) {
+                float* lse, float v_scale, int64_t window) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
   alignas(64) float qf[R * d];
@@ -262,7 +266,8 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     l[r] = _mm512_setzero_ps();
   }
   const int64_t num_blocks = (seq_len + block - 1) / block;
-  for (int64_t b = start_block; b < num_blocks; ++b) {
+  const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
+  for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
     const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
     const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
@@ -298,7 +303,8 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
       }
       for (int r = 0; r < R; ++r) sv[r] = _mm512_load_ps(s + r * block);
     }
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+    const int64_t skip = std::max<int64_t>(0, first_key - b * block);  // keys before the window, in its first block
+    const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << skip) - 1u));
     for (int r = 0; r < R; ++r) {
       const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
       if (block_max > m[r]) {  // rescale only when the running maximum moves (rare after the first blocks)
@@ -342,11 +348,12 @@ constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of atte
 
 // rows: the batch rows to compute (the others are left untouched in `out`). start_block > 0 skips each row's
 // first blocks (a prefix attended elsewhere); lse, when given ([T, Hq] fp32), receives each query row's
-// log-sum-exp of its scaled scores so that partial results can be merged.
+// log-sum-exp of its scaled scores so that partial results can be merged. window > 0: a sliding window, each
+// query token sees only its last `window` keys (itself included), as transformers' sliding-window mask.
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
-                     double k_scale, double v_scale) {
+                     double k_scale, double v_scale, int64_t window) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
@@ -389,20 +396,20 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           if (d == 64 && q_len <= kDecodeLoopMaxQueryLen && block_size == 16 && group <= 4 &&
               !std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
             using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
-                                float, int64_t, float*, float);
+                                float, int64_t, float*, float, int64_t);
             const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
                                &decode_d64<T, KT, 4>};
             for (int64_t t = 0; t < q_len; ++t)
               fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
                              sl_p[i] - q_len + t + 1, h, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
-                             lse_p ? lse_p + (q0 + t) * hq : nullptr, vs);
+                             lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window);
             continue;
           }
 #endif
           auto* fn = d == 64 ? &attend_one<T, KT, 64> : d == 128 ? &attend_one<T, KT, 128> : &attend_one<T, KT, 0>;
           fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
              block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
-             lse_p ? lse_p + q0 * hq : nullptr, vs);
+             lse_p ? lse_p + q0 * hq : nullptr, vs, window);
         }
       });
     };
@@ -420,7 +427,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale, int start_block=0, "
-        "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0) -> ()");
+        "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0, int window=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }
