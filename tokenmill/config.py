@@ -87,6 +87,12 @@ class EngineArgs:
         None, "How ranks past the first are started when tensor or pipeline parallel is on: mp (processes on "
               "this machine, the default) or ray (actors on a running Ray cluster; `ray start --head` first).",
         choices=["mp", "ray"])
+    kv_transfer_config: str | dict | None = _arg(
+        None, "Disaggregated prefill and decode, as vLLM's JSON: {\"kv_connector\": \"ZmqConnector\", \"kv_role\": "
+              "\"kv_producer\"|\"kv_consumer\"|\"kv_both\", \"kv_ip\": ..., \"kv_port\": ...}. A producer serves the "
+              "KV blocks of prompts it computed on kv_ip:kv_port; a consumer pulls a request's prompt blocks from "
+              "the address in its kv_transfer_params before scheduling it (`tokenmill router --prefill/--decode` "
+              "does the handoff).")
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 
@@ -107,6 +113,7 @@ class EngineArgs:
                                   self.distributed_executor_backend)
         parallel.validate(model_config.hf_config)
         spec = parse_speculative_config(self.speculative_config)
+        kv_transfer = _checked_kv_transfer(self, parallel, spec)
         if spec is not None and parallel.world_size > 1:
             raise ValueError("speculative_config: speculative decoding does not run with tensor or pipeline "
                              "parallel yet; drop one of them")
@@ -140,7 +147,8 @@ class EngineArgs:
             parse_cpu_list(self.cpu_bind)
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
                            attention_backend=self.attention_backend, cpu_bind=self.cpu_bind,
-                           speculative_config=spec, draft_model_config=draft, parallel_config=parallel)
+                           speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
+                           kv_transfer_config=kv_transfer)
         cfg.log_summary()
         return cfg
 
@@ -286,6 +294,7 @@ class EngineConfig:
     speculative_config: Any = None      # spec_decode.config.SpeculativeConfig
     draft_model_config: ModelConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    kv_transfer_config: Any = None      # kv_transfer.config.KVTransferConfig
 
     def log_summary(self) -> None:
         m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config
@@ -313,6 +322,23 @@ def _weights_label(m: ModelConfig) -> str:
     if m.quantization == "int4":
         return f"int4 (groups of {m.quantization_group_size})"
     return m.quantization or "not quantized"
+
+
+def _checked_kv_transfer(args: EngineArgs, parallel: ParallelConfig, spec):
+    """--kv-transfer-config, refused where blocks could not be handed over whole (the error names the flag)."""
+    from tokenmill.kv_transfer.config import parse_kv_transfer_config
+
+    kv_transfer = parse_kv_transfer_config(args.kv_transfer_config)
+    if kv_transfer is None:
+        return None
+    if parallel.world_size > 1:
+        raise ValueError("kv_transfer_config: KV transfer runs with one rank (tensor and pipeline parallel size 1)")
+    if spec is not None:
+        raise ValueError("kv_transfer_config: not combined with speculative decoding yet (a draft's own cache would "
+                         "lack the transferred blocks)")
+    if not args.enable_prefix_caching:
+        raise ValueError("kv_transfer_config needs prefix caching: transferred blocks are found as a cached prefix")
+    return kv_transfer
 
 
 def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = None,

@@ -48,6 +48,11 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
     decode_req = msgspec.msgpack.Decoder(EngineCoreRequest).decode
     decode_ids = msgspec.msgpack.Decoder(list[str]).decode
     parent = os.getppid()
+    poller = zmq.Poller()
+    poller.register(inp, zmq.POLLIN)
+    kv_socket = core.kv_connector.socket if core.kv_connector is not None else None
+    if kv_socket is not None:   # a prefill instance wakes for KV pulls as for requests
+        poller.register(kv_socket, zmq.POLLIN)
     try:
         while True:
             if os.getppid() != parent:   # the API server is gone (a parallel engine is not a daemon process)
@@ -56,7 +61,10 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
             busy = core.has_unfinished_requests()
             errors: dict[str, str] = {}
             had_input = False
-            if inp.poll(0 if busy else _IDLE_POLL_MS):
+            ready = dict(poller.poll(0 if busy else _IDLE_POLL_MS))
+            if kv_socket is not None and kv_socket in ready:
+                core.serve_kv()
+            if inp in ready:
                 while True:
                     try:
                         kind, payload = inp.recv_multipart(zmq.NOBLOCK)

@@ -42,8 +42,18 @@ class EngineCore:
         self.vocab_size = int(config.model_config.hf_config.vocab_size)
         self.structured_output = StructuredOutputManager(config.model_config, self.vocab_size)
         self.waiting_for_grammar: dict[str, tuple[Request, Future]] = {}
+        self.waiting_for_kv: dict[str, tuple[Request, Future]] = {}   # pulling prompt blocks from a prefill instance
         self._watch_deadlines = False
+        self.kv_connector = None
         self._warm_up()
+        if config.kv_transfer_config is not None:
+            from tokenmill.kv_transfer.connector import KVConnector
+
+            runner = getattr(executor, "runner", None)
+            if runner is None:
+                raise ValueError("kv_transfer_config needs the model in the engine process (one rank)")
+            self.kv_connector = KVConnector(config.kv_transfer_config, config, self.scheduler.kv_cache_manager.pool,
+                                            runner)
         if preload_grammar:
             self.structured_output.preload()
 
@@ -84,12 +94,51 @@ class EngineCore:
                           self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt)
         request.deadline = req.deadline
         self._watch_deadlines |= req.deadline is not None
-        grammar = self.structured_output.grammar_for(req.request_id, sp)
+        address = (req.kv_transfer_params or {}).get("remote_address")
+        if address:
+            if self.kv_connector is None:
+                raise ValueError("kv_transfer_params: this instance was started without --kv-transfer-config")
+            pull = self.kv_connector.start_pull(request.block_hashes, request.num_tokens, address)
+            if pull is not None:   # the request joins the scheduler when its prompt's blocks are here
+                self.waiting_for_kv[req.request_id] = (request, pull)
+                return
+        self._admit(request)
+
+    def _admit(self, request: Request) -> None:
+        grammar = self.structured_output.grammar_for(request.request_id, request.sampling_params)
         if isinstance(grammar, Future):   # compiling: the request joins the scheduler when its grammar is ready
-            self.waiting_for_grammar[req.request_id] = (request, grammar)
+            self.waiting_for_grammar[request.request_id] = (request, grammar)
             return
         request.grammar = grammar
         self.scheduler.add_request(request)
+
+    def _admit_transferred(self) -> dict[str, str]:
+        """Requests whose prompt blocks arrived: the blocks go into the prefix cache, the request to the scheduler
+        (or to its grammar). A producer that did not answer costs only time: the prompt is computed here. A block
+        layout that differs fails the request. With nothing else to run, wait a little for a pull."""
+        pending = self.waiting_for_kv
+        if not pending:
+            return {}
+        if not self.scheduler.has_unfinished_requests():
+            wait([f for _, f in pending.values()], timeout=0.05, return_when=FIRST_COMPLETED)
+        errors = {}
+        for rid, (request, future) in list(pending.items()):
+            if not future.done():
+                continue
+            del pending[rid]
+            try:
+                self.kv_connector.install(future.result())
+            except ValueError as e:
+                errors[rid] = str(e)
+                continue
+            except Exception as e:  # noqa: BLE001 - a producer gone or late: compute the prompt instead
+                logger.warning("request %s: no KV blocks from the prefill instance (%s: %s); computing its prompt "
+                               "here", rid, type(e).__name__, e)
+            try:
+                self._admit(request)
+            except ValueError as e:
+                errors[rid] = str(e)
+        return errors
 
     def _admit_compiled(self) -> dict[str, str]:
         """Requests whose grammar finished compiling go to the scheduler; a grammar that failed fails its request
@@ -115,10 +164,11 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         for rid in request_ids:
             self.waiting_for_grammar.pop(rid, None)
+            self.waiting_for_kv.pop(rid, None)
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self.waiting_for_grammar)
+        return self.scheduler.has_unfinished_requests() or bool(self.waiting_for_grammar) or bool(self.waiting_for_kv)
 
     def _expire(self) -> dict[str, str]:
         """Abort requests past their deadline, and requests never scheduled that waited past max_queue_time; their
@@ -128,7 +178,8 @@ class EngineCore:
             return {}
         now = time.time()
         expired: dict[str, str] = {}
-        candidates = [*self.scheduler.requests.values(), *(r for r, _ in self.waiting_for_grammar.values())]
+        candidates = [*self.scheduler.requests.values(),
+                      *(r for r, _ in [*self.waiting_for_grammar.values(), *self.waiting_for_kv.values()])]
         for req in candidates:
             if req.deadline is not None and now > req.deadline:
                 expired[req.request_id] = (f"the request timed out: {req.deadline - req.arrival_time:.1f} s allowed, "
@@ -142,7 +193,9 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         timed_out = self._expire()
-        errors = self._admit_compiled()
+        if self.kv_connector is not None:
+            self.kv_connector.serve()
+        errors = {**self._admit_transferred(), **self._admit_compiled()}
         with self.profile.phase("schedule"):
             so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
@@ -160,5 +213,12 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
                                  errors=errors, timed_out=timed_out)
 
+    def serve_kv(self) -> None:
+        """Answer KV pulls from decode instances (the engine loop calls it when their socket wakes it)."""
+        if self.kv_connector is not None:
+            self.kv_connector.serve()
+
     def shutdown(self) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.close()
         self.executor.shutdown()

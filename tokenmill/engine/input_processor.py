@@ -9,6 +9,7 @@ from typing import Any
 from tokenmill.config import ModelConfig
 from tokenmill.engine.engine_core import validate_prompt_length
 from tokenmill.engine.messages import EngineCoreRequest
+from tokenmill.kv_transfer.config import check_kv_transfer_params
 from tokenmill.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any] | list[int]
@@ -19,6 +20,7 @@ class ProcessedPrompt:
     prompt: str | None
     prompt_token_ids: list[int]
     cache_salt: str | None = None   # vLLM's field: only requests with the same salt share cached prefix blocks
+    kv_transfer_params: dict | None = None   # vLLM's field: where a prefill instance holds this prompt's KV
 
 
 class InputProcessor:
@@ -38,6 +40,7 @@ class InputProcessor:
             else:
                 raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
             processed.cache_salt = salt
+            processed.kv_transfer_params = check_kv_transfer_params(prompt.get("kv_transfer_params"))
             return processed
         if isinstance(prompt, (list, tuple)):
             return self._checked(None, list(prompt))
@@ -85,7 +88,7 @@ class InputProcessor:
             validate(params.structured_outputs)
         return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
                                  arrival_time if arrival_time is not None else time.time(), priority,
-                                 processed.cache_salt)
+                                 processed.cache_salt, kv_transfer_params=processed.kv_transfer_params)
 
 
 def check_cache_salt(salt) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from tokenmill.sampling_params import SamplingParams
@@ -18,6 +20,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     cache_salt: str | None = None
     deadline: float | None = None   # time.time() after which the engine aborts it (the request's timeout)
+    kv_transfer_params: dict[str, Any] | None = None   # {"remote_address": ...}: pull its prompt's KV from there
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -50,6 +50,7 @@ class _SamplingRequest(BaseModel):
     priority: int = 0
     request_id: str | None = None
     cache_salt: str | None = None   # only requests with the same salt share cached prefix blocks (tenants)
+    kv_transfer_params: dict[str, Any] | None = None   # disaggregated serving: {"remote_address": tcp://...}
     timeout: float | None = None    # seconds; past it the request is aborted and answered with a 408 error
 
     def checked_timeout(self) -> float | None:

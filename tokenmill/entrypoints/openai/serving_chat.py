@@ -19,6 +19,7 @@ from tokenmill.entrypoints.openai.serving_common import (
     until_disconnected,
     value_error,
 )
+from tokenmill.kv_transfer.config import check_kv_transfer_params
 from tokenmill.outputs import CompletionOutput
 from tokenmill.structured_output.grammar_text import validate as validate_grammar
 from tokenmill.structured_output.reasoning import after_reasoning
@@ -71,6 +72,7 @@ class OpenAIServingChat:
             text = self._render(req, functions, choice)
             prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
+            prompt.kv_transfer_params = check_kv_transfer_params(req.kv_transfer_params)
         except ValueError as e:
             raise value_error(e) from e
         params = sampling_params(req.to_sampling_params, ctx.max_model_len - len(prompt.prompt_token_ids))

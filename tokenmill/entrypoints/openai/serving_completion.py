@@ -19,6 +19,7 @@ from tokenmill.entrypoints.openai.serving_common import (
     until_disconnected,
     value_error,
 )
+from tokenmill.kv_transfer.config import check_kv_transfer_params
 from tokenmill.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -65,6 +66,7 @@ class OpenAIServingCompletion:
             prompts = [engine.input_processor.process_prompt(p) for p in _prompts(req.prompt)]
             for p in prompts:
                 p.cache_salt = check_cache_salt(req.cache_salt)
+                p.kv_transfer_params = check_kv_transfer_params(req.kv_transfer_params)
         except ValueError as e:
             raise value_error(e) from e
         for p in prompts:
