@@ -5,6 +5,7 @@ hanging."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
@@ -18,9 +19,16 @@ from server_utils import ServerProcess, free_port
 pytestmark = pytest.mark.slow
 
 
-def _replica(folder, wait: bool = True) -> ServerProcess:
+def _replica(folder, wait: bool = True, *extra: str) -> ServerProcess:
     return ServerProcess(str(folder), "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-num-seqs", "16",
-                         wait=wait)
+                         *extra, wait=wait)
+
+
+def _kv_both() -> tuple[str, str]:
+    """A replica that can both serve and pull KV blocks: plain traffic is unchanged, and the same two replicas
+    serve the disaggregated test as a prefill and a decode instance."""
+    config = {"kv_connector": "ZmqConnector", "kv_role": "kv_both", "kv_port": free_port()}
+    return "--kv-transfer-config", json.dumps(config)
 
 
 def _router(folder, *backends: ServerProcess) -> ServerProcess:
@@ -59,7 +67,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     folder = tiny_model_dir("llama")
-    a, b = _replica(folder, wait=False), _replica(folder, wait=False)
+    a, b = _replica(folder, False, *_kv_both()), _replica(folder, False, *_kv_both())
     a.wait_healthy()
     b.wait_healthy()
     c = Cluster(folder, _router(folder, a, b), [a, b])
@@ -93,6 +101,29 @@ def test_requests_sharing_a_prefix_land_on_one_replica(cluster):
                       json={"prompt": prefixes[0] + [7], "max_tokens": 3, "ignore_eos": True, "stream": True})
     events = [line for line in r.iter_lines() if line]
     assert r.headers["x-routed-to"] in landed[0] and events[-1] == b"data: [DONE]" and len(events) == 4
+
+
+def test_disaggregated_prefill_then_decode_answers_as_one_instance(cluster):
+    """`router --prefill A --decode B`: each prompt is computed on A, its blocks pulled by B, which generates; the
+    answers equal A's own (fp32 greedy), B's prefix-cache hits show the pulled blocks, streaming passes through."""
+    a, b = cluster.replicas[:2]
+    router = ServerProcess("--host", "127.0.0.1", "--model", str(cluster.folder), "--health-interval", "0.3",
+                           "--prefill", a.url, "--decode", b.url, command="router")
+    try:
+        prompts = [[(7919 * (i + 1) + 31 * j) % 40000 + 100 for j in range(70 + 9 * i)] for i in range(3)]
+        alone = [_complete(a.url, p, 16, temperature=0).json()["choices"][0]["text"] for p in prompts]
+        hits = _metric(b.url, "tokenmill:prefix_cache_hits_total")
+        split = [_complete(router.url, p, 16, temperature=0).json()["choices"][0]["text"] for p in prompts]
+        assert split == alone
+        assert _metric(b.url, "tokenmill:prefix_cache_hits_total") - hits >= sum((len(p) - 1) // 16 * 16
+                                                                                 for p in prompts)
+        assert _metric(router.url, "tokenmill_router:prefill_requests_total") == 3
+        stream = _complete(router.url, prompts[0], 16, temperature=0, stream=True)
+        text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in stream.text.splitlines()
+                       if line.startswith("data: {"))
+        assert text == alone[0]
+    finally:
+        router.stop()
 
 
 def test_a_rollout_swap_under_steady_load_fails_no_request(cluster):

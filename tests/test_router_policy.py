@@ -108,3 +108,37 @@ def test_admin_routes_need_the_key_when_one_is_set():
         ok = client.get("/router/backends", headers={"Authorization": "Bearer secret"})
         assert ok.status_code == 200 and ok.json()["backends"][0]["url"] == "http://127.0.0.1:9"
         assert client.get("/health").status_code == 503   # open, like a replica's
+
+
+def _instance(role: str, kv_role: str | None, **layout) -> Backend:
+    b = parse_backend("http://127.0.0.1:1")
+    b.role = role
+    base = {"model": "m", "num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "block_size": 16,
+            "kv_dtype": "bfloat16"}
+    b.kv_transfer = {"role": kv_role, "address": "tcp://127.0.0.1:2", "layout": {**base, **layout}} if kv_role else None
+    return b
+
+
+def test_disaggregated_instances_need_their_role_and_one_kv_layout():
+    from tokenmill.router.backends import BackendPool
+
+    pool = BackendPool([], pairing={})
+    assert pool.pairing_problem(_instance("prefill", "kv_producer")) is None       # sets the layout
+    assert pool.pairing_problem(_instance("decode", "kv_both")) is None
+    assert "kv_consumer or kv_both" in pool.pairing_problem(_instance("decode", "kv_producer"))
+    assert "needs --kv-transfer-config" in pool.pairing_problem(_instance("prefill", None))
+    problem = pool.pairing_problem(_instance("decode", "kv_consumer", kv_dtype="fp8_e4m3fn", block_size=32))
+    assert "block_size 32 vs 16" in problem and "kv_dtype 'fp8_e4m3fn' vs 'bfloat16'" in problem
+
+
+def test_disaggregated_flags_go_together():
+    import argparse
+
+    from tokenmill.router.cli import add_router_parser, run_router
+
+    parser = argparse.ArgumentParser()
+    add_router_parser(parser.add_subparsers())
+    for argv in (["--prefill", "http://127.0.0.1:1"], ["--decode", "http://127.0.0.1:1"],
+                 ["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2", "--backend", "http://x:3"]):
+        with pytest.raises(ValueError, match="--prefill URL and --decode URL"):
+            run_router(parser.parse_args(["router", *argv]))

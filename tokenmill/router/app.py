@@ -47,26 +47,37 @@ class RouterMetrics:
                              registry=r)
         self.outstanding = Gauge("tokenmill_router:backend_outstanding", "Requests in flight on each replica",
                                  ["backend"], registry=r)
+        self.prefills = Counter("tokenmill_router:prefill_requests", "Prompts computed on a prefill instance and "
+                                "handed to a decode instance", ["backend"], registry=r)
+        self.prefill_failures = Counter("tokenmill_router:prefill_failures", "Prefills that failed (the decode "
+                                        "instance then computed the prompt itself)", registry=r)
 
-    def refresh(self, pool: BackendPool) -> None:
-        for b in pool.backends.values():
+    def refresh(self, *pools: BackendPool) -> None:
+        for b in (b for pool in pools for b in pool.backends.values()):
             self.healthy.labels(b.url).set(1 if b.routable else 0)
             self.outstanding.labels(b.url).set(b.outstanding)
 
 
 def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Router | None = None,
                      backends_file: str | None = None, connect_timeout: float = 3.0,
-                     admin_key: str | None = None) -> FastAPI:
+                     admin_key: str | None = None, prefill_pool: BackendPool | None = None) -> FastAPI:
+    """With a prefill_pool (disaggregated serving), each prompt is first computed on a prefill instance (one
+    token), then the request goes to `pool`, the decode instances, which pull its KV blocks from there."""
     router = router or Router()
+    prefill_router = Router(router.load_factor)
     metrics = RouterMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         pool.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout),
                                              auto_decompress=False)
-        checker = asyncio.create_task(pool.health_loop(backends_file))
+        checkers = [asyncio.create_task(pool.health_loop(backends_file))]
+        if prefill_pool is not None:
+            prefill_pool.session = pool.session
+            checkers.append(asyncio.create_task(prefill_pool.health_loop()))
         yield
-        checker.cancel()
+        for checker in checkers:
+            checker.cancel()
         await pool.session.close()
 
     app = FastAPI(title="tokenmill router", lifespan=lifespan)
@@ -89,6 +100,10 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
             body = None   # the replica answers the 400
         key = keyer.key_for(body, chat) if keyer is not None and isinstance(body, dict) else None
         headers = {k: v for k, v in raw.headers.items() if k.lower() in _FORWARDED_REQUEST}
+        if prefill_pool is not None and isinstance(body, dict):
+            address = await prefill(path, body, key, headers)
+            if address is not None:
+                data = json.dumps({**body, "kv_transfer_params": {"remote_address": address}}).encode()
         tried: set[str] = set()
         for attempt in range(2):
             decision = router.choose(pool.routable(), key, tried)
@@ -124,6 +139,34 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
             return Response(content, status_code=resp.status, headers=_response_headers(resp, b))
         metrics.unrouted.inc()
         return _error(503, "no replica is available to take the request", retry_after=1)
+
+    async def prefill(path: str, body: dict, key: bytes | None, headers: dict) -> str | None:
+        """Compute the prompt on a prefill instance (the request cut to one token, not streamed); the address
+        where that instance now serves its KV blocks, or None when no prefill succeeded."""
+        decision = prefill_router.choose(prefill_pool.routable(), key)
+        if decision is None:
+            metrics.prefill_failures.inc()
+            return None
+        b = decision.backend
+        one_token = {**body, "max_tokens": 1, "stream": False, "n": 1, "min_tokens": 0}
+        one_token.pop("stream_options", None)
+        if "max_completion_tokens" in one_token:
+            one_token["max_completion_tokens"] = 1
+        b.outstanding += 1
+        try:
+            async with pool.session.post(b.url + path, json=one_token, headers=headers) as r:
+                await r.read()
+                ok = r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            prefill_pool.mark_failed(b, f"{type(e).__name__}: {e}")
+            ok = False
+        finally:
+            b.outstanding -= 1
+        if not ok or not b.kv_transfer:
+            metrics.prefill_failures.inc()
+            return None
+        metrics.prefills.labels(b.url).inc()
+        return b.kv_transfer["address"]
 
     def _stream(resp: aiohttp.ClientResponse, b: Backend) -> StreamingResponse:
         async def body():
@@ -172,13 +215,16 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
     async def prometheus_metrics():
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        metrics.refresh(pool)
+        metrics.refresh(pool, *([prefill_pool] if prefill_pool is not None else []))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # ---- admin: the rollout steps -------------------------------------------------------------------------------
     @app.get("/router/backends")
     async def list_backends():
-        return {"backends": [b.describe() for b in pool.backends.values()]}
+        out = {"backends": [b.describe() for b in pool.backends.values()]}
+        if prefill_pool is not None:
+            out["prefill"] = [b.describe() for b in prefill_pool.backends.values()]
+        return out
 
     @app.post("/router/backends")
     async def add_backend(raw: Request):

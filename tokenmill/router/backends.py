@@ -22,6 +22,8 @@ class Backend:
     waiting: int = 0             # its engine's waiting queue, from its /load
     kv_usage: float = 0.0
     last_error: str = ""
+    kv_transfer: dict | None = None   # from its /load: role, address and block layout (disaggregated serving)
+    role: str | None = None           # set by a disaggregating router: "prefill" or "decode"
 
     @property
     def routable(self) -> bool:
@@ -59,8 +61,11 @@ def read_backends_file(path: str) -> list[Backend]:
 
 
 class BackendPool:
-    def __init__(self, backends: list[Backend], health_interval: float = 1.0, timeout: float = 2.0):
+    def __init__(self, backends: list[Backend], health_interval: float = 1.0, timeout: float = 2.0,
+                 pairing: dict | None = None):
         self.backends: dict[str, Backend] = {b.url: b for b in backends}
+        # disaggregated serving: the prefill and decode pools share this, {"layout": the KV layout all must have}
+        self.pairing = pairing if pairing is not None else {}
         self.health_interval, self.timeout = health_interval, timeout
         self.session: aiohttp.ClientSession | None = None
 
@@ -91,6 +96,21 @@ class BackendPool:
         for b in wanted:
             self.add(b)
 
+    def pairing_problem(self, backend: Backend) -> str | None:
+        """Why a prefill or decode instance cannot take part (wrong role, another KV layout), or None. The first
+        instance seen sets the layout the others must match."""
+        from tokenmill.kv_transfer.config import layout_mismatch
+
+        kv = backend.kv_transfer
+        wanted = ("kv_producer", "kv_both") if backend.role == "prefill" else ("kv_consumer", "kv_both")
+        if not kv or kv.get("role") not in wanted:
+            return (f"a {backend.role} instance needs --kv-transfer-config with kv_role {' or '.join(wanted)}; "
+                    f"it has {kv.get('role') if kv else 'none'}")
+        if self.pairing.get("layout") is None:
+            self.pairing["layout"] = kv.get("layout")
+        mismatch = layout_mismatch(self.pairing["layout"], kv.get("layout") or {})
+        return f"its KV block layout differs from the others' ({mismatch})" if mismatch else None
+
     def mark_failed(self, backend: Backend, error: str) -> None:
         """A connection failure takes a backend out of rotation until its next health check passes."""
         if backend.healthy:
@@ -109,6 +129,10 @@ class BackendPool:
                         load = await r.json()
                         backend.waiting = int(load.get("waiting", 0))
                         backend.kv_usage = float(load.get("kv_usage", 0.0))
+                        backend.kv_transfer = load.get("kv_transfer")
+                        problem = self.pairing_problem(backend) if backend.role else None
+                        if problem:
+                            ok, error = False, problem
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok, error = False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if ok and not backend.healthy:

@@ -38,6 +38,12 @@ def add_router_parser(sub) -> None:
     p.add_argument("--backends-file", default=None,
                    help="A file of 'URL [WEIGHT]' lines, re-read every health interval (edit it to add or remove "
                         "replicas).")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL",
+                   help="Disaggregated serving: a prefill instance (`serve --kv-transfer-config` with kv_role "
+                        "kv_producer); each prompt is computed there first. Repeat for each; needs --decode.")
+    p.add_argument("--decode", action="append", default=[], metavar="URL",
+                   help="Disaggregated serving: a decode instance (kv_role kv_consumer), which pulls the prompt's KV "
+                        "blocks from the prefill instance and generates. Repeat for each.")
     p.add_argument("--replicas", type=int, default=0,
                    help="Start this many `tokenmill serve` replicas on this machine, each pinned to its share of "
                         "the CPUs (data parallel in one command).")
@@ -114,6 +120,27 @@ def serve_data_parallel(ns: argparse.Namespace) -> int:
     return run_router(router_ns)
 
 
+def check_pairing_now(backends, pairing: dict) -> None:
+    """At start, the prefill and decode instances that already answer must have the right roles and one KV block
+    layout: a ValueError naming what differs (the ones still starting are checked when they come up, and kept out
+    of rotation if they do not fit)."""
+    import json
+    import urllib.request
+
+    from tokenmill.router.backends import BackendPool
+
+    checker = BackendPool([], pairing=pairing)
+    for b in backends:
+        try:
+            with urllib.request.urlopen(b.url + "/load", timeout=2) as r:
+                b.kv_transfer = json.loads(r.read()).get("kv_transfer")
+        except (OSError, ValueError):
+            continue
+        problem = checker.pairing_problem(b)
+        if problem:
+            raise ValueError(f"{b.role} instance {b.url}: {problem}")
+
+
 def run_router(ns: argparse.Namespace) -> int:
     import uvicorn
 
@@ -130,6 +157,19 @@ def run_router(ns: argparse.Namespace) -> int:
     if ns.replicas:
         procs, urls = start_replicas(ns.replicas, ns.replica_port_base, ns.replica_args)
         backends += [parse_backend(u) for u in urls]
+    prefill_pool, pairing = None, {}
+    if ns.prefill or ns.decode:
+        if not (ns.prefill and ns.decode) or backends:
+            raise ValueError("disaggregated serving takes --prefill URL and --decode URL (each at least once) and no "
+                             "--backend, --backends-file or --replicas")
+        backends = [parse_backend(u) for u in ns.decode]
+        prefills = [parse_backend(u) for u in ns.prefill]
+        for b in backends:
+            b.role = "decode"
+        for b in prefills:
+            b.role = "prefill"
+        check_pairing_now(prefills + backends, pairing)
+        prefill_pool = BackendPool(prefills, ns.health_interval, pairing=pairing)
     if not backends:
         raise ValueError("give at least one --backend, a --backends-file or --replicas N")
     keyer = None
@@ -138,11 +178,16 @@ def run_router(ns: argparse.Namespace) -> int:
         from tokenmill.model.source import resolve_model
 
         keyer = PrefixKeyer(load_tokenizer(resolve_model(ns.model).path), ns.block_size, ns.affinity_blocks)
-    pool = BackendPool(backends, ns.health_interval)
+    pool = BackendPool(backends, ns.health_interval, pairing=pairing)
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
-    app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file, admin_key=api_key)
-    logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
-                ", ".join(b.url for b in backends))
+    app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file, admin_key=api_key,
+                           prefill_pool=prefill_pool)
+    if prefill_pool is not None:
+        logger.info("routing on http://%s:%d, disaggregated: prefill on %s, decode on %s", ns.host, ns.port,
+                    ", ".join(ns.prefill), ", ".join(ns.decode))
+    else:
+        logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
+                    ", ".join(b.url for b in backends))
     # uvicorn re-raises the SIGINT it stopped on; with Python's default handler that is a KeyboardInterrupt
     # traceback out of a clean shutdown
     signal.signal(signal.SIGINT, lambda *_: None)

@@ -173,11 +173,19 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     @app.get("/load")
     async def load():
         """A router's view of this replica: requests running and waiting in the engine, KV-cache usage, and
-        requests the server holds (including those not yet in the engine)."""
+        requests the server holds (including those not yet in the engine); with --kv-transfer-config, its role,
+        where it serves KV blocks, and their layout."""
         stats = engine.last_scheduler_stats
-        return {"running": stats.num_running_reqs if stats else 0, "waiting": stats.num_waiting_reqs if stats else 0,
+        load = {"running": stats.num_running_reqs if stats else 0, "waiting": stats.num_waiting_reqs if stats else 0,
                 "kv_usage": stats.kv_cache_usage if stats else 0.0, "unfinished": engine.num_unfinished,
                 "draining": ctx.draining}
+        transfer = engine.config.kv_transfer_config
+        if transfer is not None:   # what a disaggregating router pairs instances by
+            from tokenmill.kv_transfer.config import kv_layout
+
+            load["kv_transfer"] = {"role": transfer.kv_role, "address": transfer.address,
+                                   "layout": kv_layout(engine.config)}
+        return load
 
     @app.get("/version")
     async def version():
