@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -144,8 +145,38 @@ def test_tensor_parallel_over_a_local_ray_cluster(tiny_model_dir, monkeypatch):
                  distributed_executor_backend="ray") as llm:
             _check_against(_hf(folder), llm, [[101, 2000, 3000, 4000, 5000], list(range(200, 240))])
         ray.shutdown()
+        _router_replicas_over_ray(folder)
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True)
+
+
+def _router_replicas_over_ray(folder) -> None:
+    """`router --replicas 2 --distributed-executor-backend ray` (same cluster): Ray starts both replicas, each on a
+    core of its node; both join the rotation and answer; stopping the router stops them."""
+    import requests
+    from server_utils import ServerProcess, free_port
+
+    router = ServerProcess("--host", "127.0.0.1", "--model", str(folder), "--health-interval", "0.3",
+                           "--replicas", "2", "--distributed-executor-backend", "ray", "--replica-port-base",
+                           str(free_port()), "--replica-args", f"{folder} --dtype float32 --kv-cache-memory 16MiB",
+                           command="router")
+    try:
+        deadline = time.time() + 120
+        while True:
+            backends = requests.get(router.url + "/router/backends").json()["backends"]
+            if sum(b["healthy"] for b in backends) == 2:
+                break
+            assert time.time() < deadline, backends
+            time.sleep(0.5)
+        for i in range(4):
+            r = requests.post(router.url + "/v1/completions", json={"prompt": [100 + i] * 20, "max_tokens": 4})
+            assert r.status_code == 200
+        urls = [b["url"] for b in backends]
+    finally:
+        router.stop()
+    for url in urls:   # the actors stopped their servers
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url + "/health", timeout=2)
 
 
 @pytest.mark.slow

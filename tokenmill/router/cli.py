@@ -47,6 +47,9 @@ def add_router_parser(sub) -> None:
     p.add_argument("--replicas", type=int, default=0,
                    help="Start this many `tokenmill serve` replicas on this machine, each pinned to its share of "
                         "the CPUs (data parallel in one command).")
+    p.add_argument("--distributed-executor-backend", choices=["mp", "ray"], default="mp",
+                   help="Where --replicas run: mp (processes on this machine) or ray (actors that a running Ray "
+                        "cluster spreads over its nodes; `ray start --head` first, or set RAY_ADDRESS).")
     p.add_argument("--replica-args", default="",
                    help="Extra `tokenmill serve` flags for the replicas --replicas starts (one quoted string).")
     p.add_argument("--replica-port-base", type=int, default=8100, help="The first replica's port.")
@@ -154,7 +157,13 @@ def run_router(ns: argparse.Namespace) -> int:
     if ns.replicas < 0:
         raise ValueError(f"--replicas must not be negative, got {ns.replicas}")
     procs: list[subprocess.Popen] = []
-    if ns.replicas:
+    ray_replicas = None
+    if ns.replicas and ns.distributed_executor_backend == "ray":
+        from tokenmill.router.ray_replicas import RayReplicas
+
+        ray_replicas = RayReplicas(ns.replicas, ns.replica_port_base, shlex.split(ns.replica_args))
+        backends += [parse_backend(u) for u in ray_replicas.urls]
+    elif ns.replicas:
         procs, urls = start_replicas(ns.replicas, ns.replica_port_base, ns.replica_args)
         backends += [parse_backend(u) for u in urls]
     prefill_pool, pairing = None, {}
@@ -194,6 +203,8 @@ def run_router(ns: argparse.Namespace) -> int:
     try:
         uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level, access_log=False)
     finally:
+        if ray_replicas is not None:
+            ray_replicas.stop()
         for p in procs:
             if p.poll() is None:
                 p.terminate()   # SIGTERM: a replica drains its in-flight requests, then exits 0
