@@ -215,3 +215,28 @@ def test_no_live_replica_is_a_503_with_retry_after():
             assert not any(x["healthy"] for x in backends) and all(x["last_error"] for x in backends)
     finally:
         silent.close()
+
+
+def test_data_parallel_engines_behind_one_api_server(cluster):
+    """`serve -dp 2`: two engine cores under one API server; repeats of a prompt meet on the engine that cached it
+    (every repeat's 4 leading blocks hit), the answers are the single-engine replica's, and the gauges sum."""
+    server = _replica(cluster.folder, True, "--data-parallel-size", "2")
+    try:
+        engines = [p for p in _children_of(server.proc.pid) if p != server.proc.pid]
+        prompts = [[(7919 * (i + 1) + 31 * j) % 40000 + 100 for j in range(70)] for i in range(3)]
+        alone = [_complete(cluster.replicas[0].url, p, 8, temperature=0).json()["choices"][0]["text"]
+                 for p in prompts]
+        for _ in range(3):
+            assert [_complete(server.url, p, 8, temperature=0).json()["choices"][0]["text"] for p in prompts] == alone
+        assert _metric(server.url, "tokenmill:prefix_cache_hits_total") == 6 * 64
+        assert len(engines) >= 3   # the fork server and the two engine cores forked from it
+    finally:
+        server.stop()
+
+
+def _children_of(pid: int) -> list[int]:
+    """Every process under pid (the fork server and the engine cores it forked)."""
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [c for p in map(int, out) for c in (p, *_children_of(p))]

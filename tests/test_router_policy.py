@@ -85,14 +85,6 @@ def test_bad_backend_specs_are_errors_naming_the_flag(tmp_path):
     assert [(b.url, b.weight) for b in read_backends_file(str(f))] == [("http://a:1", 2.0), ("http://b:2", 1.0)]
 
 
-def test_data_parallel_replicas_get_the_serve_command_less_the_front_flags():
-    from tokenmill.router.cli import replica_argv
-
-    argv = ["serve", "/m", "--data-parallel-size", "2", "--port=9000", "--host", "0.0.0.0", "--dtype", "float32",
-            "-dp=2", "--api-key", "k"]
-    assert replica_argv(argv) == ["/m", "--dtype", "float32", "--api-key", "k"]
-
-
 def test_admin_routes_need_the_key_when_one_is_set():
     from fastapi.testclient import TestClient
 

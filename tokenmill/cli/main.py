@@ -89,7 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    ns.argv = list(sys.argv[1:] if argv is None else argv)   # `serve -dp N` passes them on to its replicas
     try:
         return int(ns.func(ns) or 0) if hasattr(ns, "func") else _dispatch(ns)
     except ValueError as e:
@@ -103,10 +102,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if ns.command == "chat":
         return cmd_chat(ns)
     if ns.command == "serve":
-        if ns.data_parallel_size == 1:
-            from tokenmill.engine.process_start import prestart_engine_process
+        from tokenmill.engine.process_start import prestart_engine_process
 
-            prestart_engine_process()   # the engine core's imports, on the other core, while ours run
+        prestart_engine_process()   # the engine cores' imports, on the other core, while ours run
         from tokenmill.entrypoints.openai.server import run_server
 
         return run_server(ns)

@@ -77,8 +77,9 @@ class RequestStream:
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig, stat_observers: list[Callable[[EngineCoreOutputs], None]] | None = None,
-                 output_observers: list[Callable[[RequestOutput], None]] | None = None):
+                 output_observers: list[Callable[[RequestOutput], None]] | None = None, data_parallel_size: int = 1):
         self.config = config
+        self.data_parallel_size = data_parallel_size
         self.tokenizer = load_tokenizer(config.model_config.tokenizer)
         self.input_processor = InputProcessor(config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -94,9 +95,17 @@ class AsyncLLM:
 
     async def start(self) -> None:
         t0 = time.perf_counter()
-        self.client = AsyncMPClient(self.config)
-        await self.client.wait_ready()
-        logger.info("engine core ready in %.1f s", time.perf_counter() - t0)
+        if self.data_parallel_size > 1:
+            from tokenmill.engine.dp_client import DataParallelClient
+
+            self.client = DataParallelClient(self.config, self.data_parallel_size)
+            await self.client.wait_ready()
+            logger.info("%d engine cores ready in %.1f s (data parallel; CPUs %s)", self.data_parallel_size,
+                        time.perf_counter() - t0, " | ".join(c.config.cpu_bind for c in self.client.clients))
+        else:
+            self.client = AsyncMPClient(self.config)
+            await self.client.wait_ready()
+            logger.info("engine core ready in %.1f s", time.perf_counter() - t0)
         self._loop_task = asyncio.create_task(self._output_loop())
 
     @property

@@ -88,41 +88,6 @@ def start_replicas(n: int, port_base: int, extra: str) -> tuple[list[subprocess.
     return procs, urls
 
 
-_OWN_FLAGS = {"--data-parallel-size": True, "-dp": True, "--port": True, "--host": True}
-
-
-def replica_argv(argv: list[str]) -> list[str]:
-    """`serve`'s own command line without the flags the data-parallel front takes for itself."""
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        name = a.split("=", 1)[0]
-        if name in _OWN_FLAGS:
-            skip = "=" not in a
-            continue
-        if i == 0 and a == "serve":
-            continue
-        out.append(a)
-    return out
-
-
-def serve_data_parallel(ns: argparse.Namespace) -> int:
-    """`tokenmill serve --data-parallel-size N`: the router on --host/--port in front of N replicas of the same
-    `serve` command on 127.0.0.1, ports --port+1.., each pinned to its share of the CPUs."""
-    if ns.data_parallel_size < 1:
-        raise ValueError(f"--data-parallel-size must be at least 1, got {ns.data_parallel_size}")
-    parser = argparse.ArgumentParser(prog="tokenmill")
-    add_router_parser(parser.add_subparsers())
-    router_ns = parser.parse_args(
-        ["router", "--replicas", str(ns.data_parallel_size), "--replica-port-base", str(ns.port + 1),
-         "--replica-args", shlex.join(replica_argv(getattr(ns, "argv", []))), "--host", ns.host,
-         "--port", str(ns.port), "--block-size", str(ns.block_size)]
-        + (["--model", ns.model] if ns.model else []) + (["--api-key", ns.api_key] if ns.api_key else []))
-    return run_router(router_ns)
-
-
 def check_pairing_now(backends, pairing: dict) -> None:
     """At start, the prefill and decode instances that already answer must have the right roles and one KV block
     layout: a ValueError naming what differs (the ones still starting are checked when they come up, and kept out

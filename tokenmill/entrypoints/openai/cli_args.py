@@ -14,9 +14,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 opens it to the network).")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
-                   help="Run N replicas of the engine, each on its share of the CPUs, behind one endpoint (the "
-                        "`tokenmill router` on --port, with prefix affinity; the replicas listen on the ports after "
-                        "--port).")
+                   help="Run N engine cores behind this one API server (vLLM's data parallel), each with its own KV "
+                        "cache (--kv-cache-memory is each one's) on its share of the CPUs; a request goes to the "
+                        "engine that most likely holds its prefix, else the least loaded.")
     g.add_argument("--api-key", default=None, help="Require this bearer key on /v1 routes (or TOKENMILL_API_KEY).")
     g.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="Beyond max_num_seqs running, refuse new requests with 503 once this many are waiting.")

@@ -239,10 +239,8 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
 def run_server(ns: argparse.Namespace) -> int:
     """Start the engine core and the API server; returns the process exit code."""
-    if ns.data_parallel_size != 1:
-        from tokenmill.router.cli import serve_data_parallel
-
-        return serve_data_parallel(ns)
+    if ns.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be at least 1, got {ns.data_parallel_size}")
     import torch
     import uvicorn
 
@@ -254,7 +252,7 @@ def run_server(ns: argparse.Namespace) -> int:
     name = config.model_config.served_model_name
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
     metrics = Metrics(name)
-    engine = AsyncLLM(config, stat_observers=[metrics.record_engine])
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], data_parallel_size=ns.data_parallel_size)
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
                              ns.request_timeout, ns.cache_salt_by_api_key)
     inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
