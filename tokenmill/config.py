@@ -93,6 +93,9 @@ class EngineArgs:
               "KV blocks of prompts it computed on kv_ip:kv_port; a consumer pulls a request's prompt blocks from "
               "the address in its kv_transfer_params before scheduling it (`tokenmill router --prefill/--decode` "
               "does the handoff).")
+    pooler: str | None = _arg(None, "Serve embeddings too (/v1/embeddings, LLM.embed): the final hidden states of "
+                                    "a prompt pooled as last (its last token), mean or cls (its first token), "
+                                    "L2-normalised. Off by default.", choices=["last", "mean", "cls"])
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 
@@ -148,7 +151,7 @@ class EngineArgs:
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
                            attention_backend=self.attention_backend, cpu_bind=self.cpu_bind,
                            speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
-                           kv_transfer_config=kv_transfer)
+                           kv_transfer_config=kv_transfer, pooler=self.pooler)
         cfg.log_summary()
         return cfg
 
@@ -295,6 +298,7 @@ class EngineConfig:
     draft_model_config: ModelConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer_config: Any = None      # kv_transfer.config.KVTransferConfig
+    pooler: str | None = None           # embeddings: "last" | "mean" | "cls"; None: not served
 
     def log_summary(self) -> None:
         m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config

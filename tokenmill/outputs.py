@@ -50,3 +50,18 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     extra: dict = field(default_factory=dict)
+    embedding: list[float] | None = None   # an embedding request's (the engine was started with a pooler)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What LLM.embed() returns per prompt, as vLLM's."""
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -8,6 +8,7 @@ from enum import IntEnum
 from tokenmill.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_EPS = 1e-5
+POOLING_TYPES = ("last", "mean", "cls")
 
 
 class RequestOutputKind(IntEnum):
@@ -40,6 +41,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
+    # An embedding request (set by embed() and /v1/embeddings, not by users): the prompt's final hidden states
+    # pooled this way ("last", "mean" or "cls", see POOLING_TYPES), L2-normalised if normalize; one token is run.
+    pooling: str | None = None
+    normalize: bool = True
     # Filled by the engine: the EOS ids of the model (unless ignore_eos) and stop_token_ids together.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -76,6 +81,7 @@ class SamplingParams:
              "an integer in [-2**63, 2**64)")
         need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
              "max_tokens", "at least 1")
+        need(self.pooling is None or self.pooling in POOLING_TYPES, "pooling", f"one of {', '.join(POOLING_TYPES)}")
         need(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "non-negative")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "

@@ -30,8 +30,10 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a request in whole blocks. The last prompt token is always
-        recomputed, because its logits are needed."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        recomputed, because its logits are needed; prompt logprobs and mean or first-token pooling need every
+        position computed (a cached block has no outputs)."""
+        sp = request.sampling_params
+        if not self.enable_caching or sp.prompt_logprobs is not None or sp.pooling in ("mean", "cls"):
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks = []

@@ -222,7 +222,7 @@ class Scheduler:
             out = EngineCoreOutput(rid, new_ids, new_logprobs=logprobs,
                                    new_prompt_logprobs=prompt_lp, num_cached_tokens=max(req.num_cached_tokens, 0),
                                    scheduled_time=req.first_scheduled_time if req.num_output_tokens <= len(new_ids)
-                                   else 0.0)
+                                   else 0.0, pooled=result.pooled.get(rid))
             if req.status.finished:
                 out.finish_reason, out.stop_reason = req.status.finish_reason, req.stop_reason
                 self.running.remove(req)

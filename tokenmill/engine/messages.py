@@ -32,6 +32,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_prompt_logprobs: LogprobsLists | None = None
     num_cached_tokens: int = 0
     scheduled_time: float = 0.0     # on a request's first output: when it was first scheduled
+    pooled: list[float] | None = None   # an embedding request's embedding
 
     @property
     def finished(self) -> bool:

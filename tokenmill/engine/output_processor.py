@@ -46,6 +46,7 @@ class ParentState:
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
     queue: object | None = None   # the server's per-request asyncio queue
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -138,6 +139,8 @@ class OutputProcessor:
                 self.stats.itls.append(now - m.last_token_time)
             m.last_token_time = now
         parent.num_cached_tokens = out.num_cached_tokens
+        if out.pooled is not None:
+            parent.embedding = out.pooled
         if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None and child.index == 0:
             parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
         params = parent.params
@@ -209,4 +212,4 @@ class OutputProcessor:
             return None
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions, parent.finished,
                              prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=parent.num_cached_tokens,
-                             metrics=parent.metrics)
+                             metrics=parent.metrics, embedding=parent.embedding)

@@ -13,7 +13,7 @@ from tokenmill.engine.input_processor import InputProcessor, PromptType, child_p
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import RequestStatus
 from tokenmill.model.loader import load_tokenizer
-from tokenmill.outputs import RequestOutput
+from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec_decode.metrics import SpecDecodingTotals
 
@@ -57,6 +57,21 @@ class LLM:
         # Validate everything before anything runs: a bad prompt must not leave half a batch behind.
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         return self._run(processed, params, priority, use_tqdm)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True,
+              normalize: bool = True) -> list[PoolingRequestOutput]:
+        """One embedding per prompt: its final hidden states pooled as --pooler says (prefill only, through the same
+        scheduler as generation; its KV blocks are freed after)."""
+        pooler = self.config.pooler
+        if pooler is None:
+            raise ValueError("embed: this LLM was made without pooling; pass pooler='last', 'mean' or 'cls'")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
+                                                isinstance(prompts[0], int)):
+            prompts = [prompts]
+        processed = [self.input_processor.process_prompt(p) for p in prompts]
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, pooling=pooler, normalize=normalize)
+        outs = self._run(processed, [params] * len(processed), None, use_tqdm)
+        return [PoolingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding)) for o in outs]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

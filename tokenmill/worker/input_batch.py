@@ -21,6 +21,7 @@ class CachedRequestState:
     token_buf: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     num_tokens: int = 0
     prompt_logprobs_sent: bool = False
+    pool_acc: torch.Tensor | None = None   # an embedding request's pooled hidden state so far (sum, or first row)
 
     @classmethod
     def create(cls, req_id: str, token_ids: list[int], num_prompt_tokens: int, sp: SamplingParams,

@@ -181,6 +181,7 @@ class ModelRunner:
         result = ModelRunnerOutput(inp.req_ids, sampled)
         with self.profile.phase("sample"):
             self._prompt_logprobs(inp, hidden, result)
+            self._pool(inp, hidden, result)
             if any(inp.draft_ids):
                 self._verify(inp, hidden, result)
             elif inp.sampling_rows:
@@ -330,6 +331,32 @@ class ModelRunner:
                 state.prompt_logprobs_sent = True
             idx = torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos) if last_pos > first_pos else None
             yield rid, state, idx, first_pos
+
+    def _pool(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
+        """Embedding requests: their prompt's final hidden states pooled over the chunks it arrives in (the sum for
+        mean, the first position for cls), and at the prompt's last chunk the embedding (last: its final row)."""
+        md = inp.attn_metadata
+        qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
+        for r, rid in enumerate(inp.req_ids):
+            state = self.requests[rid]
+            kind = state.sampling_params.pooling
+            if kind is None:
+                continue
+            rows = hidden[int(qsl[r]):int(qsl[r + 1])].float()
+            if kind == "mean":
+                part = rows.sum(0)
+                state.pool_acc = part if state.pool_acc is None else state.pool_acc + part
+            elif kind == "cls" and int(seq_lens[r]) == len(rows):   # the chunk that starts the prompt
+                state.pool_acc = rows[0].clone()
+            if int(seq_lens[r]) < state.num_prompt_tokens:
+                continue
+            if kind == "last":
+                vec = rows[-1]
+            else:
+                vec = state.pool_acc / state.num_prompt_tokens if kind == "mean" else state.pool_acc
+            if state.sampling_params.normalize:
+                vec = torch.nn.functional.normalize(vec, dim=0)
+            result.pooled[rid] = vec.tolist()
 
     def _prompt_logprobs(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         """For requests that asked for prompt logprobs: each scheduled prompt position scores the next prompt
