@@ -197,3 +197,9 @@ def test_tenants_keyed_apart_never_share_cached_blocks(bounded):
     assert ask("tenant-x") == 0
     assert ask("tenant-x") > 0
     assert ask("tenant-y") == 0
+
+
+def test_embeddings_from_a_server_without_a_pooler(bounded):
+    """A server started without --pooler answers /v1/embeddings with a 400 that says how to turn it on."""
+    r = requests.post(bounded.url + "/v1/embeddings", json={"input": "hello"})
+    assert r.status_code == 400 and "--pooler" in r.json()["error"]["message"]

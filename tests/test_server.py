@@ -18,7 +18,7 @@ KEY = "test-key-123"
 @pytest.fixture(scope="module")
 def server():
     s = ServerProcess("--api-key", KEY, "--kv-cache-memory", "128MiB", "--dtype", "float32",
-                      "--served-model-name", "smol")
+                      "--served-model-name", "smol", "--pooler", "mean")
     yield s
     s.stop()
 
@@ -50,6 +50,34 @@ def test_completion_and_chat(client):
                                         max_tokens=30, temperature=0)
     assert "4" in ch.choices[0].message.content and ch.choices[0].message.role == "assistant"
     assert ch.usage.prompt_tokens > 5
+
+
+def test_embeddings_with_the_openai_client(client, server):
+    """/v1/embeddings beside generation on one server: a batch equals each input alone, token ids equal their text,
+    base64 carries the same float32 values, and dimensions the model cannot give is a 400 naming the field."""
+    import base64
+
+    import numpy as np
+
+    texts = ["The cat sat on the mat.", "A much longer sentence about the engine that computes embeddings " * 3]
+    batch = client.embeddings.create(model="smol", input=texts)
+    assert [d.index for d in batch.data] == [0, 1] and batch.usage.prompt_tokens > 20
+    vecs = [np.array(d.embedding) for d in batch.data]
+    assert all(len(v) == 576 and abs(np.linalg.norm(v) - 1) < 1e-4 for v in vecs)
+    alone = np.array(client.embeddings.create(model="smol", input=texts[1]).data[0].embedding)
+    assert float(alone @ vecs[1]) >= 0.9999 and float(vecs[0] @ vecs[1]) < 0.99
+    ids = requests.post(server.url + "/tokenize", headers=_auth(), json={"model": "smol", "prompt": texts[0]}).json()
+    by_ids = np.array(client.embeddings.create(model="smol", input=ids["tokens"]).data[0].embedding)
+    assert float(by_ids @ vecs[0]) >= 0.9999
+    raw = requests.post(server.url + "/v1/embeddings", headers=_auth(),
+                        json={"model": "smol", "input": texts[0], "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, vecs[0], atol=1e-6)
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model="smol", input="x", dimensions=64)
+    for body in ({"input": []}, {"input": [[]]}, {"input": [10**9]}, {"input": 5}, {}):   # 422: a body of the wrong shape
+        r = requests.post(server.url + "/v1/embeddings", headers=_auth(), json={"model": "smol", **body})
+        assert r.status_code in (400, 422), (body, r.status_code, r.text)
 
 
 def test_streaming_with_usage_matches_non_streaming(client):

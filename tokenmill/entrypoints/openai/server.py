@@ -32,6 +32,7 @@ from tokenmill.entrypoints.openai.protocol import (
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, template_messages
 from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLimits, ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tokenmill.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from tokenmill.metrics import Metrics
 from tokenmill.utils import PROCESS_START, init_logger
 
@@ -98,6 +99,7 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     ctx = ServingContext(engine, served_model_name, limits, chat_options, input_limits)
     liveness = liveness or Liveness()
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
+    embeddings = OpenAIServingEmbedding(ctx)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -211,6 +213,10 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
         return await chat.create(req, raw)
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(req: EmbeddingRequest, raw: Request):
+        return await embeddings.create(req, raw)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
