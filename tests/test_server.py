@@ -75,7 +75,7 @@ def test_embeddings_with_the_openai_client(client, server):
     assert np.allclose(decoded, vecs[0], atol=1e-6)
     with pytest.raises(openai.BadRequestError, match="dimensions"):
         client.embeddings.create(model="smol", input="x", dimensions=64)
-    for body in ({"input": []}, {"input": [[]]}, {"input": [10**9]}, {"input": 5}, {}):   # 422: a body of the wrong shape
+    for body in ({"input": []}, {"input": [[]]}, {"input": [10**9]}, {"input": 5}, {}):   # 422: a body's wrong shape
         r = requests.post(server.url + "/v1/embeddings", headers=_auth(), json={"model": "smol", **body})
         assert r.status_code in (400, 422), (body, r.status_code, r.text)
 
