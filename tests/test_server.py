@@ -18,7 +18,7 @@ KEY = "test-key-123"
 @pytest.fixture(scope="module")
 def server():
     s = ServerProcess("--api-key", KEY, "--kv-cache-memory", "128MiB", "--dtype", "float32",
-                      "--served-model-name", "smol", "--pooler", "mean")
+                      "--served-model-name", "smol", "--pooler", "mean", "--cost-per-hour", "3.6")
     yield s
     s.stop()
 
@@ -78,6 +78,23 @@ def test_embeddings_with_the_openai_client(client, server):
     for body in ({"input": []}, {"input": [[]]}, {"input": [10**9]}, {"input": 5}, {}):   # 422: a body's wrong shape
         r = requests.post(server.url + "/v1/embeddings", headers=_auth(), json={"model": "smol", **body})
         assert r.status_code in (400, 422), (body, r.status_code, r.text)
+
+
+def test_cost_per_request_in_usage_and_metrics(client, server):
+    """--cost-per-hour 3.6 (a thousandth of a dollar a second): usage carries the request's engine seconds and their
+    price, a request that asks for more work is charged more, streams carry it in their usage chunk, and /metrics
+    counts every finished request's cost."""
+    short = client.completions.create(model="smol", prompt="Hi", max_tokens=2, temperature=0).usage
+    long = client.completions.create(model="smol", prompt="Hi " * 200, max_tokens=40, temperature=0).usage
+    for u in (short, long):
+        assert u.engine_seconds > 0 and u.cost_usd == pytest.approx(u.engine_seconds / 1000, rel=1e-3)
+    assert long.engine_seconds > 3 * short.engine_seconds
+    chunks = list(client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.cost_usd > 0
+    text = requests.get(server.url + "/metrics").text
+    count = [line for line in text.splitlines() if line.startswith("tokenmill:request_cost_usd_count")]
+    assert count and float(count[0].split()[-1]) >= 3
 
 
 def test_streaming_with_usage_matches_non_streaming(client):
@@ -253,3 +270,19 @@ def test_cache_salt_field(client):
     with pytest.raises(openai.BadRequestError, match="cache_salt"):
         client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        extra_body={"cache_salt": ""})
+
+
+def test_grafana_dashboard_names_only_exported_metrics(client, server):
+    """docs/grafana-dashboard.json: every tokenmill:* series its panels query is one the server exports (after a
+    request, so the histograms and counters have samples)."""
+    import re
+    from pathlib import Path
+
+    client.completions.create(model="smol", prompt="Hi", max_tokens=2)
+    exported = {line.split("{")[0].split(" ")[0] for line in requests.get(server.url + "/metrics").text.splitlines()
+                if line.startswith("tokenmill:")}
+    dashboard = json.loads((Path(__file__).parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {m for e in exprs for m in re.findall(r"tokenmill:[a-z0-9_]+", e)}
+    assert len(named) >= 15
+    assert named <= exported, named - exported

@@ -13,13 +13,15 @@ from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
+_COST_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0, 160.0)
 
 
 class Metrics:
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, cost_per_hour: float | None = None):
         self.registry = registry or CollectorRegistry()
+        self.cost_per_hour = cost_per_hour
         labels = ["model_name"]
 
         def gauge(name, doc):
@@ -53,7 +55,14 @@ class Metrics:
                                              "Draft tokens accepted, by position in the draft.",
                                              ["model_name", "position"], registry=self.registry)
         self.model_name = model_name
-        self.log = StatLogger()
+        self.cost = Histogram("tokenmill:request_cost_usd", "A finished request's share of the machine's cost "
+                              "(--cost-per-hour times its share of engine time).", labels, buckets=_COST_BUCKETS,
+                              registry=self.registry).labels(model_name) if cost_per_hour is not None else None
+        self.log = StatLogger(cost_per_hour=cost_per_hour)
+
+    def record_output(self, ro) -> None:
+        if self.cost is not None and ro.finished and ro.metrics is not None:
+            self.cost.observe(ro.metrics.engine_seconds * self.cost_per_hour / 3600)
 
     def record_engine(self, outputs: EngineCoreOutputs) -> None:
         s = outputs.scheduler_stats
@@ -89,8 +98,9 @@ class Metrics:
 class StatLogger:
     """Every few seconds while there is work: throughput, batch, KV usage and prefix hit rate, like vLLM."""
 
-    def __init__(self, interval: float = 5.0):
+    def __init__(self, interval: float = 5.0, cost_per_hour: float | None = None):
         self.interval = interval
+        self.cost_per_hour = cost_per_hour
         self.last = time.monotonic()
         self.prompt = self.gen = self.queries = self.hits = 0
         self.latest = None
@@ -114,6 +124,9 @@ class StatLogger:
                         100 * s.kv_cache_usage, 100 * self.hits / self.queries if self.queries else 0.0)
             if self.spec.num_drafts:
                 logger.info("SpecDecoding metrics: %s", self.spec.describe())
+            if self.cost_per_hour is not None and self.gen:   # the machine's cost over what it produced meanwhile
+                logger.info("Cost: %.4f USD per million output tokens", self.cost_per_hour * elapsed / 3600
+                            / self.gen * 1e6)
         self.spec = SpecDecodingTotals()
         self.last = now
         self.prompt = self.gen = self.queries = self.hits = 0

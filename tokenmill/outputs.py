@@ -37,6 +37,7 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     first_scheduled_time: float | None = None
+    engine_seconds: float = 0.0   # its share of engine time: per step, its tokens over the step's (all completions)
 
 
 @dataclass

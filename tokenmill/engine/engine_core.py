@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
@@ -46,6 +47,9 @@ class EngineCore:
         self.structured_output = StructuredOutputManager(config.model_config, self.vocab_size)
         self.waiting_for_grammar: dict[str, tuple[Request, Future]] = {}
         self.waiting_for_kv: dict[str, tuple[Request, Future]] = {}   # pulling prompt blocks from a prefill instance
+        # each request's share of engine time so far: per step, its scheduled tokens over the step's, times the
+        # step's seconds (what --cost-per-hour prices)
+        self.engine_seconds: collections.Counter[str] = collections.Counter()
         self._watch_deadlines = False
         self.kv_connector = None
         self._warm_up()
@@ -169,6 +173,7 @@ class EngineCore:
         for rid in request_ids:
             self.waiting_for_grammar.pop(rid, None)
             self.waiting_for_kv.pop(rid, None)
+            self.engine_seconds.pop(rid, None)
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
@@ -196,6 +201,7 @@ class EngineCore:
         return expired
 
     def step(self) -> EngineCoreOutputs:
+        start = time.perf_counter()
         timed_out = self._expire()
         if self.kv_connector is not None:
             self.kv_connector.serve()
@@ -214,8 +220,18 @@ class EngineCore:
         with self.profile.phase("update_from_output"):
             outputs = self.scheduler.update_from_output(so, result)
         self.profile.steps += 1
+        self._charge(so.num_scheduled_tokens, so.total_num_scheduled_tokens, time.perf_counter() - start, outputs)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
                                  errors=errors, timed_out=timed_out)
+
+    def _charge(self, tokens: dict[str, int], total: int, seconds: float, outputs: list) -> None:
+        """Split the step's time over its requests by their tokens; a finished request's total goes out with it."""
+        per_token = seconds / total
+        for rid, n in tokens.items():
+            self.engine_seconds[rid] += n * per_token
+        for out in outputs:
+            if out.finish_reason is not None:
+                out.engine_seconds = self.engine_seconds.pop(out.request_id, 0.0)
 
     def serve_kv(self) -> None:
         """Answer KV pulls from decode instances (the engine loop calls it when their socket wakes it)."""

@@ -33,6 +33,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     scheduled_time: float = 0.0     # on a request's first output: when it was first scheduled
     pooled: list[float] | None = None   # an embedding request's embedding
+    engine_seconds: float = 0.0     # on a request's last output: its share of the engine's step time
 
     @property
     def finished(self) -> bool:

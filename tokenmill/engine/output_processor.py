@@ -141,6 +141,7 @@ class OutputProcessor:
         parent.num_cached_tokens = out.num_cached_tokens
         if out.pooled is not None:
             parent.embedding = out.pooled
+        m.engine_seconds += out.engine_seconds
         if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None and child.index == 0:
             parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
         params = parent.params

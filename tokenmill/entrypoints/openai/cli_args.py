@@ -17,6 +17,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="Run N engine cores behind this one API server (vLLM's data parallel), each with its own KV "
                         "cache (--kv-cache-memory is each one's) on its share of the CPUs; a request goes to the "
                         "engine that most likely holds its prefix, else the least loaded.")
+    g.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
+                   help="What the machine costs an hour: each response's usage then carries engine_seconds (its "
+                        "share of engine time: per step, its tokens over the step's) and cost_usd; /metrics gets "
+                        "tokenmill:request_cost_usd and the periodic log line the cost per million output tokens.")
     g.add_argument("--api-key", default=None, help="Require this bearer key on /v1 routes (or TOKENMILL_API_KEY).")
     g.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="Beyond max_num_seqs running, refuse new requests with 503 once this many are waiting.")

@@ -95,8 +95,10 @@ class BodyLimitMiddleware:
 
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
               limits: AdmissionLimits | None = None, chat_options: ChatOutputOptions | None = None,
-              liveness: Liveness | None = None, input_limits: InputLimits | None = None) -> FastAPI:
+              liveness: Liveness | None = None, input_limits: InputLimits | None = None,
+              cost_per_hour: float | None = None) -> FastAPI:
     ctx = ServingContext(engine, served_model_name, limits, chat_options, input_limits)
+    ctx.cost_per_hour = cost_per_hour
     liveness = liveness or Liveness()
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
     embeddings = OpenAIServingEmbedding(ctx)
@@ -257,14 +259,17 @@ def run_server(ns: argparse.Namespace) -> int:
     config = args.create_engine_config()
     name = config.model_config.served_model_name
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
-    metrics = Metrics(name)
-    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], data_parallel_size=ns.data_parallel_size)
+    if ns.cost_per_hour is not None and not ns.cost_per_hour >= 0:
+        raise ValueError(f"--cost-per-hour must be a non-negative number of USD, got {ns.cost_per_hour}")
+    metrics = Metrics(name, cost_per_hour=ns.cost_per_hour)
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], output_observers=[metrics.record_output],
+                      data_parallel_size=ns.data_parallel_size)
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
                              ns.request_timeout, ns.cache_salt_by_api_key)
     inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
                          ns.max_messages, ns.max_prompts, ns.max_request_bytes)
     app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
-                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs)
+                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour)
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

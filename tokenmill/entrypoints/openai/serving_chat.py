@@ -135,7 +135,8 @@ class OpenAIServingChat:
         n_prompt = len(prompt.prompt_token_ids)
         return {"id": rid, "object": "chat.completion", "created": now(), "model": self.ctx.served_model_name,
                 "choices": choices, "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion,
-                                              "total_tokens": n_prompt + completion}}
+                                              "total_tokens": n_prompt + completion,
+                                              **self.ctx.cost_usage([final])}}
 
     async def _stream(self, req: ChatCompletionRequest, rid: str, prompt, stream, parser,
                       choice: ToolChoice) -> AsyncIterator[str]:
@@ -149,8 +150,10 @@ class OpenAIServingChat:
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None} for i in range(req.n)])
         completion = 0
+        last = None
         try:
             async for ro in stream:
+                last = ro
                 choices = []
                 for c in ro.outputs:
                     completion += len(c.token_ids)
@@ -166,5 +169,5 @@ class OpenAIServingChat:
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = len(prompt.prompt_token_ids)
             yield chunk([], usage={"prompt_tokens": n_prompt, "completion_tokens": completion,
-                                   "total_tokens": n_prompt + completion})
+                                   "total_tokens": n_prompt + completion, **self.ctx.cost_usage([last])})
         yield SSE_DONE

@@ -88,6 +88,14 @@ class ServingContext:
         self.draining = False
         self.queued_tokens = 0
         self.per_key: collections.Counter[str] = collections.Counter()
+        self.cost_per_hour: float | None = None   # --cost-per-hour: usage then carries engine time and cost
+
+    def cost_usage(self, outputs) -> dict:
+        """The usage fields --cost-per-hour adds: the requests' share of engine time, and what it cost."""
+        if self.cost_per_hour is None:
+            return {}
+        seconds = sum(ro.metrics.engine_seconds for ro in outputs if ro is not None and ro.metrics is not None)
+        return {"engine_seconds": round(seconds, 6), "cost_usd": seconds * self.cost_per_hour / 3600}
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:

@@ -97,7 +97,8 @@ class OpenAIServingCompletion:
         prompt_tokens = sum(len(p.prompt_token_ids) for p in prompts)
         return {"id": rid, "object": "text_completion", "created": now(), "model": self.ctx.served_model_name,
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                              "total_tokens": prompt_tokens + completion_tokens}}
+                                              "total_tokens": prompt_tokens + completion_tokens,
+                                              **self.ctx.cost_usage(finals.values())}}
 
     def _choice(self, req: CompletionRequest, prompt_idx: int, c: CompletionOutput, ro: RequestOutput,
                 echo: bool) -> dict:
@@ -121,8 +122,10 @@ class OpenAIServingCompletion:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         completion_tokens = 0
         echoed: set[int] = set()
+        last: dict[int, RequestOutput] = {}
         try:
             async for i, ro in merge(streams):
+                last[i] = ro
                 choices = []
                 for c in ro.outputs:
                     index = i * req.n + c.index
@@ -138,7 +141,8 @@ class OpenAIServingCompletion:
             prompt_tokens = sum(len(p.prompt_token_ids) for p in prompts)
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                 "total_tokens": prompt_tokens + completion_tokens}})
+                                 "total_tokens": prompt_tokens + completion_tokens,
+                                 **self.ctx.cost_usage(last.values())}})
         yield SSE_DONE
 
 
