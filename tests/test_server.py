@@ -16,9 +16,33 @@ KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
-def server():
+def collector():
+    """An OTLP/HTTP trace collector on 127.0.0.1: it keeps the bodies POSTed to /v1/traces."""
+    import http.server
+    import threading
+
+    bodies: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1/traces", bodies
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(collector):
     s = ServerProcess("--api-key", KEY, "--kv-cache-memory", "128MiB", "--dtype", "float32",
-                      "--served-model-name", "smol", "--pooler", "mean", "--cost-per-hour", "3.6")
+                      "--served-model-name", "smol", "--pooler", "mean", "--cost-per-hour", "3.6",
+                      "--otlp-traces-endpoint", collector[0], env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield s
     s.stop()
 
@@ -286,3 +310,31 @@ def test_grafana_dashboard_names_only_exported_metrics(client, server):
     named = {m for e in exprs for m in re.findall(r"tokenmill:[a-z0-9_]+", e)}
     assert len(named) >= 15
     assert named <= exported, named - exported
+
+
+def test_one_trace_span_per_request_reaches_the_collector(client, collector):
+    """--otlp-traces-endpoint: a finished request arrives at the collector as an `llm_request` span whose times
+    add up (queue + prefill + decode = end to end) and whose token counts are the response's."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    usage = client.completions.create(model="smol", prompt="Trace me", max_tokens=7, temperature=0,
+                                      extra_body={"request_id": "traced-1"}).usage
+    spans = {}
+    deadline = time.time() + 20
+    while "traced-1-0" not in spans and time.time() < deadline:
+        time.sleep(0.2)
+        for body in list(collector[1]):
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        attrs = {a.key: a.value for a in span.attributes}
+                        spans[attrs["gen_ai.request.id"].string_value] = (span, attrs)
+    span, attrs = spans["traced-1-0"]
+    assert span.name == "llm_request" and span.end_time_unix_nano > span.start_time_unix_nano
+    assert attrs["gen_ai.usage.prompt_tokens"].int_value == usage.prompt_tokens
+    assert attrs["gen_ai.usage.completion_tokens"].int_value == usage.completion_tokens == 7
+    lat = {k.split(".")[-1]: v.double_value for k, v in attrs.items() if k.startswith("gen_ai.latency.")}
+    assert lat["time_in_queue"] + lat["time_in_model_prefill"] + lat["time_in_model_decode"] == \
+        pytest.approx(lat["e2e"], abs=1e-6)
+    assert 0 < lat["time_to_first_token"] <= lat["e2e"] == pytest.approx(
+        (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9, abs=1e-3)

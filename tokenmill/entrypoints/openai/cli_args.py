@@ -21,6 +21,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="What the machine costs an hour: each response's usage then carries engine_seconds (its "
                         "share of engine time: per step, its tokens over the step's) and cost_usd; /metrics gets "
                         "tokenmill:request_cost_usd and the periodic log line the cost per million output tokens.")
+    g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="Export one OpenTelemetry span per request (queue, prefill, decode and first-token times, "
+                        "token counts) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318/v1/traces "
+                        "(needs the [otel] extra).")
     g.add_argument("--api-key", default=None, help="Require this bearer key on /v1 routes (or TOKENMILL_API_KEY).")
     g.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="Beyond max_num_seqs running, refuse new requests with 503 once this many are waiting.")

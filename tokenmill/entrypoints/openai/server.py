@@ -262,7 +262,15 @@ def run_server(ns: argparse.Namespace) -> int:
     if ns.cost_per_hour is not None and not ns.cost_per_hour >= 0:
         raise ValueError(f"--cost-per-hour must be a non-negative number of USD, got {ns.cost_per_hour}")
     metrics = Metrics(name, cost_per_hour=ns.cost_per_hour)
-    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], output_observers=[metrics.record_output],
+    observers = [metrics.record_output]
+    tracer = None
+    if ns.otlp_traces_endpoint:
+        from tokenmill.tracing import RequestTracer
+
+        tracer = RequestTracer(name, ns.otlp_traces_endpoint)
+        observers.append(tracer.record)
+        logger.info("tracing: one span per request to %s", ns.otlp_traces_endpoint)
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], output_observers=observers,
                       data_parallel_size=ns.data_parallel_size)
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
                              ns.request_timeout, ns.cache_salt_by_api_key)
@@ -279,7 +287,11 @@ def run_server(ns: argparse.Namespace) -> int:
 
     engine.on_dead = engine_died
     logger.info("serving %s on http://%s:%d (API key %s)", name, ns.host, ns.port, "required" if api_key else "off")
-    server.run()
+    try:
+        server.run()
+    finally:
+        if tracer is not None:
+            tracer.shutdown()
     if server.exit_code:
         logger.error("exiting: the engine core died")
     return server.exit_code
