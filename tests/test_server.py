@@ -338,3 +338,30 @@ def test_one_trace_span_per_request_reaches_the_collector(client, collector):
         pytest.approx(lat["e2e"], abs=1e-6)
     assert 0 < lat["time_to_first_token"] <= lat["e2e"] == pytest.approx(
         (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9, abs=1e-3)
+
+
+def test_engine_state_shows_requests_and_their_blocks(client, server):
+    """GET /v1/engine/state while requests run: each shows its progress and the blocks it holds, and requests that
+    share a prompt share its cached blocks; afterwards nothing runs and the prompt's blocks are free but cached.
+    It needs the API key like the API."""
+    assert requests.get(server.url + "/v1/engine/state").status_code == 401
+    prompt = "The history of the paged KV cache, told at length: " * 12
+    seen: list[dict] = []
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(client.completions.create, model="smol", prompt=prompt, max_tokens=60,
+                               temperature=0) for _ in range(3)]
+        while not all(f.done() for f in futures):
+            state = requests.get(server.url + "/v1/engine/state", headers=_auth()).json()
+            seen += [state] if state["engines"][0]["requests"] else []
+            time.sleep(0.05)
+    assert seen, "never saw a running request"
+    busiest = max(seen, key=lambda s: len(s["engines"][0]["requests"]))["engines"][0]
+    running = [r for r in busiest["requests"] if r["status"] == "running"]
+    assert running and all(r["block_ids"] and r["num_computed_tokens"] > 0 for r in running)
+    if len(running) > 1:   # requests with the same prompt hold its full blocks together
+        assert busiest["shared_block_ids"]
+    after = requests.get(server.url + "/v1/engine/state", headers=_auth()).json()
+    engine = after["engines"][0]
+    assert engine["requests"] == [] and len(engine["cached_free_block_ids"]) >= 10
+    assert engine["num_blocks"] > 0 and engine["block_size"] == 16
+    assert after["recent"]["requests_finished"] >= 3 and after["recent"]["ttft_s"]["p50"] > 0

@@ -17,7 +17,7 @@ import msgspec
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core_client import AsyncMPClient, EngineDeadError
 from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt, child_params
-from tokenmill.engine.messages import EngineCoreOutputs
+from tokenmill.engine.messages import EngineCoreOutputs, EngineState
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.model.loader import load_tokenizer
 from tokenmill.outputs import RequestOutput
@@ -92,6 +92,7 @@ class AsyncLLM:
         self.on_dead: Callable[[], None] | None = None
         self.last_progress = time.monotonic()   # when the engine last sent outputs (or work last arrived idle)
         self.finish_times: collections.deque[float] = collections.deque(maxlen=256)   # the drain rate
+        self._state_waiters: list[tuple[asyncio.Future, list]] = []   # get_state() calls, and the states so far
 
     async def start(self) -> None:
         t0 = time.perf_counter()
@@ -146,6 +147,15 @@ class AsyncLLM:
             raise ValueError(f"request has a value out of range: {e}") from e
         return RequestStream(self, request_id, reqs, queue)
 
+    async def get_state(self, timeout: float = 2.0) -> list[EngineState]:
+        """Every engine core's EngineState (one unless data parallel), taken between its steps."""
+        if self.dead or self.client is None:
+            raise EngineDeadError("the engine core is not running")
+        future = asyncio.get_running_loop().create_future()
+        self._state_waiters.append((future, []))
+        await self.client.request_state()
+        return await asyncio.wait_for(future, timeout)
+
     async def abort(self, request_id: str) -> None:
         ids = self.output_processor.abort_request(request_id)
         if ids and not self.dead:
@@ -189,6 +199,12 @@ class AsyncLLM:
                 observe(ro)
         if to_abort:
             asyncio.create_task(self.client.abort_requests(to_abort))
+        if outputs.state is not None:
+            for future, states in self._state_waiters:
+                states.append(outputs.state)
+                if len(states) == self.data_parallel_size and not future.done():
+                    future.set_result(states)
+            self._state_waiters = [w for w in self._state_waiters if not w[0].done()]
         if outputs.scheduler_stats is not None:
             self.last_scheduler_stats = outputs.scheduler_stats
         for observe in self.stat_observers:

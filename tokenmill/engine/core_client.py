@@ -24,7 +24,7 @@ from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
-ADD, ABORT, SHUTDOWN, READY = b"ADD", b"ABORT", b"SHUTDOWN", b"READY"
+ADD, ABORT, SHUTDOWN, READY, STATE = b"ADD", b"ABORT", b"SHUTDOWN", b"READY", b"STATE"
 _IDLE_POLL_MS = 1000
 
 
@@ -60,7 +60,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
                 return
             busy = core.has_unfinished_requests()
             errors: dict[str, str] = {}
-            had_input = False
+            had_input = state_asked = False
             ready = dict(poller.poll(0 if busy else _IDLE_POLL_MS))
             if kv_socket is not None and kv_socket in ready:
                 core.serve_kv()
@@ -83,14 +83,19 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
                             errors[req.request_id] = str(e)
                     elif kind == ABORT:
                         core.abort_requests(decode_ids(payload))
+                    elif kind == STATE:
+                        state_asked = True
             if core.has_unfinished_requests():
                 outputs = core.step()
                 outputs.errors.update(errors)
+                if state_asked:
+                    outputs.state = core.snapshot()
                 out.send_multipart([b"OUT", encoder.encode(outputs)])
             elif had_input:
                 stats = core.scheduler.make_stats()
-                out.send_multipart([b"OUT", encoder.encode(EngineCoreOutputs(scheduler_stats=stats, errors=errors,
-                                                                             timestamp=time.time()))])
+                out.send_multipart([b"OUT", encoder.encode(EngineCoreOutputs(
+                    scheduler_stats=stats, errors=errors, timestamp=time.time(),
+                    state=core.snapshot() if state_asked else None))])
     finally:
         core.shutdown()
         inp.close(linger=0)
@@ -141,6 +146,10 @@ class AsyncMPClient:
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
             await self.input.send_multipart([ABORT, self.encoder.encode(request_ids)])
+
+    async def request_state(self) -> None:
+        """Ask for an EngineState: it comes with the engine's next outputs."""
+        await self.input.send_multipart([STATE, b""])
 
     async def get_output(self, timeout_ms: int = 1000) -> EngineCoreOutputs | None:
         """The next outputs, or None after `timeout_ms` with nothing (so the caller can check liveness)."""

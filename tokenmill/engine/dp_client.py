@@ -89,6 +89,10 @@ class DataParallelClient:
         for i, ids in by_engine.items():
             await self.clients[i].abort_requests(ids)
 
+    async def request_state(self) -> None:
+        for c in self.clients:
+            await c.request_state()
+
     def _release(self, rid: str) -> int | None:
         i = self.owner.pop(rid, None)
         if i is not None:

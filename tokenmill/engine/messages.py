@@ -55,6 +55,29 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_accepted_per_pos: list[int] = []
 
 
+class RequestState(msgspec.Struct):
+    """One request as the scheduler holds it, for the live engine view."""
+    request_id: str
+    status: str                 # "running", "waiting" or "preempted"
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    num_output_tokens: int
+    max_tokens: int
+    num_cached_tokens: int      # prefix-cache hit at its first scheduling (-1 before)
+    block_ids: list[int]
+
+
+class EngineState(msgspec.Struct):
+    """A snapshot of the scheduler and the KV cache (GET /v1/engine/state): which request owns which blocks,
+    which blocks are shared by several, and which free blocks still hold a cached prefix."""
+    timestamp: float
+    num_blocks: int
+    block_size: int
+    requests: list[RequestState] = []
+    shared_block_ids: list[int] = []       # in use by more than one request (a shared prefix)
+    cached_free_block_ids: list[int] = []  # free, but still findable by the prefix cache
+
+
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
@@ -63,3 +86,4 @@ class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     errors: dict[str, str] = {}
     # Request ids aborted for running past their deadline or waiting past max_queue_time, with the reason.
     timed_out: dict[str, str] = {}
+    state: EngineState | None = None   # when the front end asked for one (STATE)

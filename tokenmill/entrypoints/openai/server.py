@@ -10,6 +10,7 @@ import signal
 import time
 from contextlib import asynccontextmanager
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -20,6 +21,7 @@ from tokenmill.engine.async_llm import AsyncLLM, RequestTimeoutError
 from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
 from tokenmill.entrypoints.openai.cli_args import chat_output_options
+from tokenmill.entrypoints.openai.engine_view import RecentActivity
 from tokenmill.entrypoints.openai.errors import APIError, error_response
 from tokenmill.entrypoints.openai.liveness import Liveness
 from tokenmill.entrypoints.openai.protocol import (
@@ -96,7 +98,7 @@ class BodyLimitMiddleware:
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
               limits: AdmissionLimits | None = None, chat_options: ChatOutputOptions | None = None,
               liveness: Liveness | None = None, input_limits: InputLimits | None = None,
-              cost_per_hour: float | None = None) -> FastAPI:
+              cost_per_hour: float | None = None, recent: RecentActivity | None = None) -> FastAPI:
     ctx = ServingContext(engine, served_model_name, limits, chat_options, input_limits)
     ctx.cost_per_hour = cost_per_hour
     liveness = liveness or Liveness()
@@ -216,6 +218,17 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
         return await chat.create(req, raw)
 
+    @app.get("/v1/engine/state")
+    async def engine_state():
+        """The live engine view's data: each engine core's requests (progress, blocks), shared and cached free
+        KV blocks, and the last minute's throughput, latencies and prefix-cache hit rate."""
+        try:
+            states = await engine.get_state()
+        except (EngineDeadError, asyncio.TimeoutError):
+            return error_response(503, "the engine core did not answer")
+        return {"model": served_model_name, "engines": [msgspec.to_builtins(s) for s in states],
+                "recent": recent.summary() if recent is not None else None}
+
     @app.post("/v1/embeddings")
     async def create_embedding(req: EmbeddingRequest, raw: Request):
         return await embeddings.create(req, raw)
@@ -262,7 +275,8 @@ def run_server(ns: argparse.Namespace) -> int:
     if ns.cost_per_hour is not None and not ns.cost_per_hour >= 0:
         raise ValueError(f"--cost-per-hour must be a non-negative number of USD, got {ns.cost_per_hour}")
     metrics = Metrics(name, cost_per_hour=ns.cost_per_hour)
-    observers = [metrics.record_output]
+    recent = RecentActivity()
+    observers = [metrics.record_output, recent.record_output]
     tracer = None
     if ns.otlp_traces_endpoint:
         from tokenmill.tracing import RequestTracer
@@ -270,14 +284,14 @@ def run_server(ns: argparse.Namespace) -> int:
         tracer = RequestTracer(name, ns.otlp_traces_endpoint)
         observers.append(tracer.record)
         logger.info("tracing: one span per request to %s", ns.otlp_traces_endpoint)
-    engine = AsyncLLM(config, stat_observers=[metrics.record_engine], output_observers=observers,
-                      data_parallel_size=ns.data_parallel_size)
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine, recent.record_engine],
+                      output_observers=observers, data_parallel_size=ns.data_parallel_size)
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
                              ns.request_timeout, ns.cache_salt_by_api_key)
     inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
                          ns.max_messages, ns.max_prompts, ns.max_request_bytes)
     app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
-                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour)
+                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour, recent)
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 
