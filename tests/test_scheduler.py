@@ -165,3 +165,10 @@ def test_prefix_cache_hit_in_scheduler():
     add(s, "second", 22)
     so = s.schedule()
     assert so.scheduled_new_reqs[0].num_computed_tokens == 20 and so.num_scheduled_tokens["second"] == 2
+
+
+def test_block_runs_keep_table_order():
+    from tokenmill.engine.engine_core import block_runs
+
+    assert block_runs([3, 4, 5, 9, 10, 2]) == [(3, 3), (9, 2), (2, 1)]
+    assert block_runs([]) == []

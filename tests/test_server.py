@@ -357,11 +357,13 @@ def test_engine_state_shows_requests_and_their_blocks(client, server):
     assert seen, "never saw a running request"
     busiest = max(seen, key=lambda s: len(s["engines"][0]["requests"]))["engines"][0]
     running = [r for r in busiest["requests"] if r["status"] == "running"]
-    assert running and all(r["block_ids"] and r["num_computed_tokens"] > 0 for r in running)
+    assert running and all(r["blocks"] and r["num_computed_tokens"] > 0 for r in running)
+    for r in running:   # its runs of blocks cover its tokens
+        assert sum(n for _, n in r["blocks"]) * 16 >= r["num_computed_tokens"]
     if len(running) > 1:   # requests with the same prompt hold its full blocks together
-        assert busiest["shared_block_ids"]
+        assert busiest["shared_blocks"]
     after = requests.get(server.url + "/v1/engine/state", headers=_auth()).json()
     engine = after["engines"][0]
-    assert engine["requests"] == [] and len(engine["cached_free_block_ids"]) >= 10
+    assert engine["requests"] == [] and sum(n for _, n in engine["cached_free_blocks"]) >= 10
     assert engine["num_blocks"] > 0 and engine["block_size"] == 16
     assert after["recent"]["requests_finished"] >= 3 and after["recent"]["ttft_s"]["p50"] > 0

@@ -9,6 +9,8 @@ import collections
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
+import numpy as np
+
 from tokenmill.config import EngineConfig
 from tokenmill.core.scheduler import Scheduler
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest, EngineState, RequestState
@@ -21,6 +23,17 @@ logger = init_logger(__name__)
 
 # The warm-up request's prompt: enough to build every kernel path a first request takes.
 WARMUP_TOKENS = 256
+
+
+def block_runs(ids) -> list[tuple[int, int]]:
+    """[3, 4, 5, 9, 10] -> [(3, 3), (9, 2)]: runs of consecutive block ids, in the given order."""
+    a = np.asarray(ids, dtype=np.int64)
+    if not len(a):
+        return []
+    breaks = np.flatnonzero(np.diff(a) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    counts = np.diff(np.concatenate((starts, [len(a)])))
+    return list(zip(a[starts].tolist(), counts.tolist()))
 
 
 def validate_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
@@ -243,12 +256,12 @@ class EngineCore:
                   RequestStatus.PREEMPTED: "preempted"}
         requests = [RequestState(r.request_id, status.get(r.status, "waiting"), r.num_prompt_tokens,
                                  r.num_computed_tokens, r.num_output_tokens, r.max_tokens, r.num_cached_tokens,
-                                 kv.get_block_ids(r.request_id))
+                                 block_runs(kv.get_block_ids(r.request_id)))
                     for r in sched.requests.values() if r.request_id != "tokenmill-warmup"]
         cached = list(pool.cached.values())
         return EngineState(time.time(), pool.num_blocks, kv.block_size, requests,
-                           [b.block_id for b in cached if b.ref_cnt > 1],
-                           [b.block_id for b in cached if b.ref_cnt == 0])
+                           block_runs(np.sort([b.block_id for b in cached if b.ref_cnt > 1])),
+                           block_runs(np.sort([b.block_id for b in cached if b.ref_cnt == 0])))
 
     def serve_kv(self) -> None:
         """Answer KV pulls from decode instances (the engine loop calls it when their socket wakes it)."""

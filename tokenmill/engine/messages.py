@@ -64,7 +64,7 @@ class RequestState(msgspec.Struct):
     num_output_tokens: int
     max_tokens: int
     num_cached_tokens: int      # prefix-cache hit at its first scheduling (-1 before)
-    block_ids: list[int]
+    blocks: list[tuple[int, int]]   # its block table as runs (first block id, count): blocks come out in runs
 
 
 class EngineState(msgspec.Struct):
@@ -74,8 +74,10 @@ class EngineState(msgspec.Struct):
     num_blocks: int
     block_size: int
     requests: list[RequestState] = []
-    shared_block_ids: list[int] = []       # in use by more than one request (a shared prefix)
-    cached_free_block_ids: list[int] = []  # free, but still findable by the prefix cache
+    # block-id runs (first, count), sorted: in use by more than one request (a shared prefix), and free but
+    # still findable by the prefix cache; a full cache's thousands of ids take a few dozen runs
+    shared_blocks: list[tuple[int, int]] = []
+    cached_free_blocks: list[tuple[int, int]] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
