@@ -133,20 +133,22 @@ class EngineCore:
         request.grammar = grammar
         self.scheduler.add_request(request)
 
+    def _finished(self, pending: dict[str, tuple[Request, Future]]) -> list[tuple[str, Request, Future]]:
+        """The requests of `pending` whose background work (a grammar, a KV pull) is done, taken out of it; with
+        nothing else to run, it first waits a little for one."""
+        if pending and not self.scheduler.has_unfinished_requests():
+            wait([f for _, f in pending.values()], timeout=0.05, return_when=FIRST_COMPLETED)
+        done = [(rid, request, future) for rid, (request, future) in pending.items() if future.done()]
+        for rid, _, _ in done:
+            del pending[rid]
+        return done
+
     def _admit_transferred(self) -> dict[str, str]:
         """Requests whose prompt blocks arrived: the blocks go into the prefix cache, the request to the scheduler
         (or to its grammar). A producer that did not answer costs only time: the prompt is computed here. A block
         layout that differs fails the request. With nothing else to run, wait a little for a pull."""
-        pending = self.waiting_for_kv
-        if not pending:
-            return {}
-        if not self.scheduler.has_unfinished_requests():
-            wait([f for _, f in pending.values()], timeout=0.05, return_when=FIRST_COMPLETED)
         errors = {}
-        for rid, (request, future) in list(pending.items()):
-            if not future.done():
-                continue
-            del pending[rid]
+        for rid, request, future in self._finished(self.waiting_for_kv):
             try:
                 self.kv_connector.install(future.result())
             except ValueError as e:
@@ -164,16 +166,8 @@ class EngineCore:
     def _admit_compiled(self) -> dict[str, str]:
         """Requests whose grammar finished compiling go to the scheduler; a grammar that failed fails its request
         (the error goes back in the step's outputs). With nothing else to run, wait a little for one."""
-        pending = self.waiting_for_grammar
-        if not pending:
-            return {}
-        if not self.scheduler.has_unfinished_requests():
-            wait([f for _, f in pending.values()], timeout=0.05, return_when=FIRST_COMPLETED)
         errors = {}
-        for rid, (request, future) in list(pending.items()):
-            if not future.done():
-                continue
-            del pending[rid]
+        for rid, request, future in self._finished(self.waiting_for_grammar):
             try:
                 request.grammar = future.result()
             except ValueError as e:
