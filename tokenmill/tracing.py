@@ -42,7 +42,7 @@ class RequestTracer:
             "gen_ai.request.id": ro.request_id,
             "gen_ai.response.model": self.model_name,
             "gen_ai.usage.prompt_tokens": len(ro.prompt_token_ids),
-            "gen_ai.usage.completion_tokens": sum(len(c.token_ids) for c in ro.outputs),
+            "gen_ai.usage.completion_tokens": m.num_output_tokens,
             "gen_ai.response.finish_reasons": [str(c.finish_reason) for c in ro.outputs],
             "gen_ai.request.n": len(ro.outputs),
             "gen_ai.latency.time_in_queue": scheduled - m.arrival_time,

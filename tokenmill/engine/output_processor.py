@@ -142,6 +142,7 @@ class OutputProcessor:
         if out.pooled is not None:
             parent.embedding = out.pooled
         m.engine_seconds += out.engine_seconds
+        m.num_output_tokens += len(out.new_token_ids)
         if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None and child.index == 0:
             parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
         params = parent.params

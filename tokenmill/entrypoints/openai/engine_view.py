@@ -42,7 +42,7 @@ class RecentActivity:
         m = ro.metrics
         if not ro.finished or m is None or m.first_token_time is None or m.finished_time is None:
             return
-        n = max(len(c.token_ids) for c in ro.outputs)
+        n = m.num_output_tokens // max(1, len(ro.outputs))   # per completion (n > 1 run side by side)
         itl = (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else None
         self.finished.append((m.finished_time, m.first_token_time - m.arrival_time, itl))
 

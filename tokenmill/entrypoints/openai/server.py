@@ -9,11 +9,12 @@ import os
 import signal
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenmill import __version__
@@ -51,7 +52,8 @@ class APIKeyMiddleware:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not scope["path"].startswith(_OPEN_PATHS):
+        # the page itself is open (it holds no data); every API call it makes needs the key
+        if scope["type"] == "http" and scope["path"] != "/" and not scope["path"].startswith(_OPEN_PATHS):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 await error_response(401, "Unauthorized: a valid API key is required")(scope, receive, send)
@@ -217,6 +219,11 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request):
         return await chat.create(req, raw)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        """The built-in page: a chat and the live engine view (static; its API calls carry the key)."""
+        return HTMLResponse((Path(__file__).parent / "static" / "index.html").read_text())
 
     @app.get("/v1/engine/state")
     async def engine_state():
