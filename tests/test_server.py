@@ -367,6 +367,7 @@ def test_engine_state_shows_requests_and_their_blocks(client, server):
     assert engine["requests"] == [] and sum(n for _, n in engine["cached_free_blocks"]) >= 10
     assert engine["num_blocks"] > 0 and engine["block_size"] == 16
     assert after["recent"]["requests_finished"] >= 3 and after["recent"]["ttft_s"]["p50"] > 0
+    assert after["recent"]["cost_usd_per_million_output_tokens"] > 0   # --cost-per-hour is set
 
 
 def test_the_built_in_page(server):
@@ -422,7 +423,11 @@ def test_the_page_in_a_real_browser(server, tmp_path):
             colored = page.eval_on_selector_all(
                 "#grid div", "cells => cells.filter(c => c.style.background && "
                              "!c.style.background.includes('224, 224, 224')).length")
+            page.wait_for_timeout(1500)   # a few refreshes: the charts draw the last minute
             page.screenshot(path=f"{out}/page-engine.png")
             assert all(f.result().status_code == 200 for f in futures)
         assert colored > 0
+        charts = page.eval_on_selector_all("#charts polyline", "lines => lines.map(l => l.getAttribute('points'))")
+        assert len(charts) == 5 and all(points.count(",") > 1 for points in charts)
+        assert "USD / 1M output tokens" in page.inner_text("#cards")
         browser.close()

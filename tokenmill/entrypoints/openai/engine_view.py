@@ -17,8 +17,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 class RecentActivity:
-    def __init__(self, window: float = WINDOW_S):
+    def __init__(self, window: float = WINDOW_S, cost_per_hour: float | None = None):
         self.window = window
+        self.cost_per_hour = cost_per_hour
         self.steps: collections.deque = collections.deque()      # (time, prompt, generated, queries, hits, preempted)
         self.finished: collections.deque = collections.deque()   # (time, ttft, mean inter-token latency or None)
 
@@ -53,7 +54,10 @@ class RecentActivity:
         totals = [sum(x[i] for x in self.steps) for i in range(1, 6)]
         ttfts = [x[1] for x in self.finished]
         itls = [x[2] for x in self.finished if x[2] is not None]
+        cost = self.cost_per_hour * span / 3600 / totals[1] * 1e6 if self.cost_per_hour is not None and totals[1] \
+            else None   # the machine's cost over the minute, per million tokens it generated
         return {"window_s": span, "prompt_tokens_per_s": totals[0] / span, "generation_tokens_per_s": totals[1] / span,
+                "cost_usd_per_million_output_tokens": cost,
                 "prefix_cache_hit_rate": totals[3] / totals[2] if totals[2] else None, "preemptions": totals[4],
                 "requests_finished": len(self.finished),
                 "ttft_s": {"p50": _percentile(ttfts, 0.5), "p99": _percentile(ttfts, 0.99)},

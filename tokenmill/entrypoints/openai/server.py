@@ -282,7 +282,7 @@ def run_server(ns: argparse.Namespace) -> int:
     if ns.cost_per_hour is not None and not ns.cost_per_hour >= 0:
         raise ValueError(f"--cost-per-hour must be a non-negative number of USD, got {ns.cost_per_hour}")
     metrics = Metrics(name, cost_per_hour=ns.cost_per_hour)
-    recent = RecentActivity()
+    recent = RecentActivity(cost_per_hour=ns.cost_per_hour)
     observers = [metrics.record_output, recent.record_output]
     tracer = None
     if ns.otlp_traces_endpoint:
