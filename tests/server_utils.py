@@ -10,6 +10,10 @@ import time
 
 import requests
 
+# This process's CPUs before any in-process engine pinned its main thread to one of them: a server started later
+# would inherit that single CPU (its engine, and a data-parallel server's second engine, would have one core).
+_CPUS = os.sched_getaffinity(0)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -33,7 +37,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "tokenmill.cli.main", command, "--port", str(self.port), *args]
         self.log = open(os.devnull, "w") if not os.environ.get("TOKENMILL_TEST_LOG") else None
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, _CPUS))
         if wait:
             self.wait_healthy()
 

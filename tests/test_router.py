@@ -224,8 +224,8 @@ def test_data_parallel_engines_behind_one_api_server(cluster):
     try:
         engines = [p for p in _children_of(server.proc.pid) if p != server.proc.pid]
         prompts = [[(7919 * (i + 1) + 31 * j) % 40000 + 100 for j in range(70)] for i in range(3)]
-        alone = [_complete(cluster.replicas[0].url, p, 8, temperature=0).json()["choices"][0]["text"]
-                 for p in prompts]
+        reference = cluster.in_rotation()[0]   # (earlier tests swapped and killed replicas)
+        alone = [_complete(reference.url, p, 8, temperature=0).json()["choices"][0]["text"] for p in prompts]
         for _ in range(3):
             assert [_complete(server.url, p, 8, temperature=0).json()["choices"][0]["text"] for p in prompts] == alone
         assert _metric(server.url, "tokenmill:prefix_cache_hits_total") == 6 * 64
