@@ -96,6 +96,11 @@ class EngineArgs:
     pooler: str | None = _arg(None, "Serve embeddings too (/v1/embeddings, LLM.embed): the final hidden states of "
                                     "a prompt pooled as last (its last token), mean or cls (its first token), "
                                     "L2-normalised. Off by default.", choices=["last", "mean", "cls"])
+    enable_lora: bool = _arg(False, "Serve LoRA adapters (PEFT folders): each request may name one, and requests of "
+                                    "different adapters and of the base model share a batch.")
+    max_loras: int = _arg(1, "Adapters that one engine step can run (their weights are stacked in slots).")
+    max_lora_rank: int = _arg(16, "Largest adapter rank accepted; every slot is this wide.")
+    max_cpu_loras: int | None = _arg(None, "Adapters kept loaded in memory, in slots or not (default: max_loras).")
     enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
                                       "native kernels do what a compiled graph would).")
 
@@ -125,6 +130,7 @@ class EngineArgs:
             from tokenmill.spec_decode.draft_config import load_draft_model_config
 
             draft = load_draft_model_config(spec, model_config, self)
+        lora = _checked_lora(self, parallel)
         cache_config = _size_cache(self, model_config, draft, parallel)
         max_model_len = _resolve_max_model_len(self, model_config, cache_config)
         if spec is not None:
@@ -141,7 +147,7 @@ class EngineArgs:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
-            max_queue_time=self.max_queue_time,
+            max_queue_time=self.max_queue_time, max_loras=lora.max_loras if lora else 1,
             num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
         if self.cpu_bind not in ("auto", "none"):
@@ -151,7 +157,7 @@ class EngineArgs:
         cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=self.seed,
                            attention_backend=self.attention_backend, cpu_bind=self.cpu_bind,
                            speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
-                           kv_transfer_config=kv_transfer, pooler=self.pooler)
+                           kv_transfer_config=kv_transfer, pooler=self.pooler, lora_config=lora)
         cfg.log_summary()
         return cfg
 
@@ -284,6 +290,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     num_lookahead_tokens: int = 0       # KV slots a draft model writes past the scheduled tokens
     max_queue_time: float | None = None  # seconds a request may wait before its first step
+    max_loras: int = 1                  # distinct adapters running at once (their slots in the model)
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,7 @@ class EngineConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer_config: Any = None      # kv_transfer.config.KVTransferConfig
     pooler: str | None = None           # embeddings: "last" | "mean" | "cls"; None: not served
+    lora_config: Any = None             # lora.config.LoRAConfig when adapters are served
 
     def log_summary(self) -> None:
         m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config
@@ -320,6 +328,17 @@ class EngineConfig:
             logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
                         "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),
                         m.kv_bytes_per_token() / c.kv_bytes_per_token(m), m.dtype)
+
+
+def _checked_lora(args: EngineArgs, parallel: ParallelConfig):
+    if not args.enable_lora:
+        return None
+    from tokenmill.lora.config import LoRAConfig
+
+    if parallel.world_size > 1:
+        raise ValueError("enable_lora: LoRA adapters do not run with tensor or pipeline parallel yet; drop one of "
+                         "them")
+    return LoRAConfig.create(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
 
 
 def _weights_label(m: ModelConfig) -> str:

@@ -140,8 +140,14 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int], admitted: list[Request]) -> None:
         kv = self.kv_cache_manager
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        skipped: list[Request] = []   # their adapter would be one more than max_loras: they wait for a slot
         while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            lora = req.lora_request
+            if lora is not None and lora.lora_int_id not in loras and len(loras) >= self.config.max_loras:
+                skipped.append(self.waiting.pop())
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(req)
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -159,13 +165,18 @@ class Scheduler:
             num_scheduled[req.request_id] = num_new
             budget -= num_new
             admitted.append(req)
+            if lora is not None:
+                loras.add(lora.lora_int_id)
+        for req in reversed(skipped):
+            self.waiting.prepend(req)
 
     def _build_output(self, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
                       admitted: list[Request], preempted: list[Request],
                       spec: dict[str, list[int]]) -> SchedulerOutput:
         kv = self.kv_cache_manager
         new_reqs = [NewRequestData(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, r.sampling_params,
-                                   kv.get_block_ids(r.request_id), r.num_computed_tokens) for r in admitted]
+                                   kv.get_block_ids(r.request_id), r.num_computed_tokens, r.lora_request)
+                    for r in admitted]
         kept = self.kept_block_ids
         cached = [CachedRequestData(rid, blocks, self.requests[rid].num_computed_tokens, kept.pop(rid, -1))
                   for rid, blocks in new_blocks.items()]

@@ -19,6 +19,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.core.block_hash import extend_block_hashes
 from tokenmill.engine.core_client import AsyncMPClient
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.request import prefix_salt
 from tokenmill.router.backends import Backend
 from tokenmill.router.policy import Router
 from tokenmill.utils import init_logger
@@ -70,7 +71,7 @@ class DataParallelClient:
         bs = self.config.cache_config.block_size
         ids = req.prompt_token_ids[: bs * AFFINITY_BLOCKS]
         hashes: list = []
-        extend_block_hashes(hashes, ids, bs, req.cache_salt.encode() if req.cache_salt else b"")
+        extend_block_hashes(hashes, ids, bs, prefix_salt(req.cache_salt, req.lora_request))
         decision = self.router.choose(self.engines, hashes[-1].value if hashes else None)
         return self.engines.index(decision.backend)
 

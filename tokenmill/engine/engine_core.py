@@ -64,6 +64,7 @@ class EngineCore:
         # step's seconds (what --cost-per-hour prices)
         self.engine_seconds: collections.Counter[str] = collections.Counter()
         self._watch_deadlines = False
+        self.checked_loras: set[tuple[int, str]] = set()
         self.kv_connector = None
         self._warm_up()
         if config.kv_transfer_config is not None:
@@ -111,8 +112,11 @@ class EngineCore:
         sp.update_from_model(self.config.model_config.eos_token_ids, self.vocab_size)
         room = max_model_len - len(req.prompt_token_ids)
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
+        if req.lora_request is not None:
+            self._check_lora(req.lora_request)
         request = Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
-                          self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt)
+                          self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt,
+                          req.lora_request)
         request.deadline = req.deadline
         self._watch_deadlines |= req.deadline is not None
         address = (req.kv_transfer_params or {}).get("remote_address")
@@ -124,6 +128,18 @@ class EngineCore:
                 self.waiting_for_kv[req.request_id] = (request, pull)
                 return
         self._admit(request)
+
+    def _check_lora(self, lora) -> None:
+        """An adapter is checked against the model once (its config and tensor shapes), before any request runs it."""
+        from tokenmill.lora.adapter import read_adapter
+
+        lora_config = self.config.lora_config
+        if lora_config is None:
+            raise ValueError(f"lora_request {lora.lora_name!r}: this engine was started without enable_lora")
+        key = (lora.lora_int_id, lora.lora_path)
+        if key not in self.checked_loras:
+            read_adapter(lora.lora_path, self.config.model_config.hf_config, lora_config.max_lora_rank)
+            self.checked_loras.add(key)
 
     def _admit(self, request: Request) -> None:
         grammar = self.structured_output.grammar_for(request.request_id, request.sampling_params)

@@ -10,6 +10,7 @@ from tokenmill.config import ModelConfig
 from tokenmill.engine.engine_core import validate_prompt_length
 from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.kv_transfer.config import check_kv_transfer_params
+from tokenmill.lora.request import LoRARequest
 from tokenmill.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any] | list[int]
@@ -21,6 +22,7 @@ class ProcessedPrompt:
     prompt_token_ids: list[int]
     cache_salt: str | None = None   # vLLM's field: only requests with the same salt share cached prefix blocks
     kv_transfer_params: dict | None = None   # vLLM's field: where a prefill instance holds this prompt's KV
+    lora_request: LoRARequest | None = None   # the adapter the request runs with
 
 
 class InputProcessor:
@@ -88,7 +90,8 @@ class InputProcessor:
             validate(params.structured_outputs)
         return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
                                  arrival_time if arrival_time is not None else time.time(), priority,
-                                 processed.cache_salt, kv_transfer_params=processed.kv_transfer_params)
+                                 processed.cache_salt, kv_transfer_params=processed.kv_transfer_params,
+                                 lora_request=processed.lora_request)
 
 
 def check_cache_salt(salt) -> str | None:

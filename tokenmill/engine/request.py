@@ -6,6 +6,7 @@ import enum
 import time
 
 from tokenmill.core.block_hash import BlockHash, extend_block_hashes
+from tokenmill.lora.request import LoRARequest
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -30,7 +31,7 @@ class RequestStatus(enum.IntEnum):
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  max_tokens: int, block_size: int, arrival_time: float | None = None, priority: int = 0,
-                 cache_salt: str | None = None):
+                 cache_salt: str | None = None, lora_request: LoRARequest | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -51,8 +52,9 @@ class Request:
         self.block_size = block_size
         self.grammar = None   # a RequestGrammar when the output is constrained (structured output)
         self.deadline: float | None = None   # time.time() past which the engine aborts it
+        self.lora_request = lora_request
         # a salt goes into the first block's hash, so only requests with the same salt share cached blocks
-        self.cache_salt = cache_salt.encode() if cache_salt else b""
+        self.cache_salt = prefix_salt(cache_salt, lora_request)
         self.block_hashes: list[BlockHash] = []
         extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt)
 
@@ -73,3 +75,10 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens})")
+
+
+def prefix_salt(cache_salt: str | None, lora_request: LoRARequest | None) -> bytes:
+    """What goes into a request's first block hash: its tenant's salt and its adapter (blocks computed with
+    another adapter's weights hold other keys and values)."""
+    return ((cache_salt.encode() if cache_salt else b"") +
+            (lora_request.cache_key() if lora_request is not None else b""))

@@ -12,6 +12,7 @@ from tokenmill.engine.engine_core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptType, child_params
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import RequestStatus
+from tokenmill.lora.request import LoRARequest, check_lora_request
 from tokenmill.model.loader import load_tokenizer
 from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
@@ -46,7 +47,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """`lora_request`: one adapter for every prompt, or one (or None, the base model) per prompt."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
                                                 isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -56,6 +59,7 @@ class LLM:
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         # Validate everything before anything runs: a bad prompt must not leave half a batch behind.
         processed = [self.input_processor.process_prompt(p) for p in prompts]
+        _set_loras(processed, lora_request)
         return self._run(processed, params, priority, use_tqdm)
 
     def embed(self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True,
@@ -76,12 +80,14 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              **template_kwargs: Any) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [self.input_processor.apply_chat_template(c, add_generation_prompt, chat_template, **template_kwargs)
                  for c in conversations]
         # the template already holds the special tokens: do not add a BOS again
         processed = [self.input_processor.process_prompt(t, add_special_tokens=False) for t in texts]
+        _set_loras(processed, lora_request)
         return self._run(processed, _params_per_prompt(sampling_params, len(processed)), None, use_tqdm)
 
     def _run(self, processed, params, priority, use_tqdm: bool) -> list[RequestOutput]:
@@ -143,6 +149,14 @@ def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams
             raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
         return list(sampling_params)
     return [sampling_params or SamplingParams()] * n
+
+
+def _set_loras(processed: list, lora_request) -> None:
+    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(processed)
+    if len(loras) != len(processed):
+        raise ValueError(f"got {len(loras)} lora_requests for {len(processed)} prompts")
+    for p, lora in zip(processed, loras):
+        p.lora_request = check_lora_request(lora)
 
 
 def _progress_bar(total: int):

@@ -119,6 +119,7 @@ class Linear(nn.Module):
             out_features = -(-out_features // tp.size)
         elif self.parallel == "row":
             in_features = split_size(in_features, tp.size, "a row-parallel layer's input")
+        self.in_features, self.out_features = in_features, out_features   # this rank's
         self.weight = _param(out_features, in_features)
         self.weight.weight_loader = self._load_weight
         self.bias = _param(out_features) if bias else None
@@ -128,6 +129,12 @@ class Linear(nn.Module):
         self.layer_name = type(self).__name__
         self.quantized: dict[int, QuantizedWeight] = {}   # shard -> tensor a GGUF file holds in blocks
         self.kernel = None
+        self.lora = None   # lora.layers.LoRALinearWeights when the engine serves adapters
+
+    @property
+    def lora_active(self) -> bool:
+        """Whether this step adds adapters' products to this layer's output (a fused epilogue must step aside)."""
+        return self.lora is not None and self.lora.step.mask is not None
 
     def _shard(self, loaded, shard: int):
         """This rank's part of a checkpoint tensor (of fused shard `shard`)."""
@@ -182,6 +189,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.kernel(x) if self.kernel is not None else F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            y = self.lora.apply(x, y)
         return tp_all_reduce(y) if self.parallel == "row" and self.reduce else y
 
 

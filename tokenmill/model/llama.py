@@ -138,7 +138,7 @@ class LlamaMLP(nn.Module):
         self.gated = getattr(self.gate_up_proj.kernel, "silu_and_mul", None) if self.native else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated is not None:
+        if self.gated is not None and not self.gate_up_proj.lora_active:
             h = self.gated(x)
             if h is not None:
                 return self.down_proj(h)

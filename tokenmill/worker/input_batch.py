@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tokenmill.lora.request import LoRARequest
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -22,6 +23,7 @@ class CachedRequestState:
     num_tokens: int = 0
     prompt_logprobs_sent: bool = False
     pool_acc: torch.Tensor | None = None   # an embedding request's pooled hidden state so far (sum, or first row)
+    lora_request: LoRARequest | None = None
 
     @classmethod
     def create(cls, req_id: str, token_ids: list[int], num_prompt_tokens: int, sp: SamplingParams,

@@ -60,6 +60,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.profile = StepProfile()
         self.proposer = None
+        self.lora_manager = None
         self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
@@ -72,6 +73,10 @@ class ModelRunner:
         self.model = load_model(self.config.model_config, backend, self.device,
                                 self.config.scheduler_config.max_model_len)
         self.proposer = make_proposer(self.config, backend, self.device, self.model)
+        if self.config.lora_config is not None:
+            from tokenmill.lora.manager import LoRAManager
+
+            self.lora_manager = LoRAManager(self.model, self.config.lora_config, self.dtype, self.device)
 
     def initialize_kv_cache(self) -> None:
         c = self.config.cache_config
@@ -104,6 +109,7 @@ class ModelRunner:
                 self.generators[new.req_id] = gen
             self.requests[new.req_id] = CachedRequestState.create(
                 new.req_id, new.token_ids, new.num_prompt_tokens, sp, new.block_ids, new.num_computed_tokens, gen)
+            self.requests[new.req_id].lora_request = new.lora_request
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.num_kept_block_ids >= 0:
@@ -167,13 +173,20 @@ class ModelRunner:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
             inp = self._prepare_inputs(so)
+            if self.lora_manager is not None:
+                self.lora_manager.set_step([self.requests[r].lora_request for r in inp.req_ids],
+                                           np.diff(inp.attn_metadata.query_start_loc_np))
         with self.profile.phase("forward"):
-            if inp.micro_batches is None:
-                hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
-            else:
-                hidden = self._pipeline_forward(inp)
-                if hidden is None:
-                    return None
+            try:
+                if inp.micro_batches is None:
+                    hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+                else:
+                    hidden = self._pipeline_forward(inp)
+            finally:
+                if self.lora_manager is not None:
+                    self.lora_manager.end_step()
+            if hidden is None:
+                return None
         if not get_tp().is_first:
             self._follow_logits(inp, hidden)
             return None

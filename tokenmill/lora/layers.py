@@ -1,0 +1,63 @@
+"""LoRA inside a linear layer, batched over adapters: every resident adapter has a slot, and a step computes
+all of its rows' LoRA products in three ops whatever the mix of adapters:
+
+    h = x @ A_all.T        one shrink matmul over the slots in play ([T, slots * shards * r])
+    h *= mask              each token keeps only its own slot's columns (a [T, slots, 1] 0/1 mask per step)
+    y += h @ B_all         one expand matmul; B holds each shard's rows (q/k/v, gate/up) at its offset
+
+A token of the base model has an all-zero mask row and gets y unchanged (exact zeros are added). No weight is
+ever merged, so requests of different adapters and of the base model share the step's one base matmul."""
+
+from __future__ import annotations
+
+import torch
+
+
+class LoRAStep:
+    """The step's token -> slot mask, shared by every adapted layer; None when no token uses an adapter."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None   # [T, slots in play, 1], model dtype
+        self.slots = 0
+
+
+class LoRALinearWeights:
+    """The stacked A and B of every slot for one linear layer (with `shards` fused projections)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], max_loras: int, rank: int, step: LoRAStep,
+                 dtype: torch.dtype, device: str | torch.device = "cpu"):
+        self.step = step
+        self.rank = rank
+        self.num_shards = len(out_sizes)
+        self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
+        self.out_sizes = out_sizes
+        width = max_loras * self.num_shards * rank
+        self.a = torch.zeros(width, in_features, dtype=dtype, device=device)          # rows: slot, shard, rank
+        self.b_t = torch.zeros(width, sum(out_sizes), dtype=dtype, device=device)     # B transposed, same rows
+
+    def _rows(self, slot: int, shard: int) -> int:
+        return (slot * self.num_shards + shard) * self.rank
+
+    def set_slot(self, slot: int, shards: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Slot `slot` takes an adapter's (A [r, in], B [out, r]) per shard; shards it does not target stay zero."""
+        self.clear_slot(slot)
+        for shard, (a, b) in shards.items():
+            row, r = self._rows(slot, shard), a.shape[0]
+            off, size = self.offsets[shard], self.out_sizes[shard]
+            self.a[row:row + r].copy_(a)
+            self.b_t[row:row + r, off:off + size].copy_(b.t())
+
+    def clear_slot(self, slot: int) -> None:
+        first, last = self._rows(slot, 0), self._rows(slot + 1, 0)
+        self.a[first:last].zero_()
+        self.b_t[first:last].zero_()
+
+    def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (the base layer's output for x) plus each token's own adapter's product."""
+        mask = self.step.mask
+        if mask is None:
+            return y
+        width = self.step.slots * self.num_shards * self.rank
+        h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.a[:width])
+        h = (h.view(h.shape[0], self.step.slots, -1) * mask).view(h.shape[0], width)
+        return y.view(-1, y.shape[-1]).addmm_(h, self.b_t[:width]).view(y.shape)
