@@ -78,6 +78,18 @@ def guarded_server():
 
 
 @pytest.fixture(scope="session")
+def smol_hf(embedded_gguf):
+    """transformers' SmolLM2 from the embedded GGUF, in fp32 (dequantizing it takes ~30 s: once a session). Shared:
+    a test that changes it works on a copy."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    path = Path(embedded_gguf)
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer(embedded_gguf):
     from tokenmill.model.loader import load_tokenizer
 

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
-import torch
 
 from tokenmill import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def hf_folder_from_gguf(embedded_gguf, tmp_path_factory):
+def hf_folder_from_gguf(embedded_gguf, smol_hf, tmp_path_factory):
     """transformers dequantizes the GGUF; the weights are saved as a plain safetensors folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     path = Path(embedded_gguf)
-    gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    plain = LlamaForCausalLM(gguf_model.config)
-    plain.load_state_dict(gguf_model.state_dict())
+    plain = LlamaForCausalLM(copy.deepcopy(smol_hf.config))
+    plain.load_state_dict(smol_hf.state_dict())
     plain.config.quantization_config = None
     folder = tmp_path_factory.mktemp("smollm2-hf")
     plain.save_pretrained(folder)

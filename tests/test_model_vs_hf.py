@@ -46,21 +46,15 @@ def test_tiny_family_matches_transformers(family, tiny_model_dir):
         assert_greedy_matches(tokens, logprobs, ref, ref_logits)
 
 
-def test_smollm2_gguf_matches_transformers(embedded_gguf, smol_tokenizer, smol_llm):
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
-
+def test_smollm2_gguf_matches_transformers(smol_hf, smol_tokenizer, smol_llm):
     texts = ["Once upon a time, in a land far away,", "The capital of France is",
              "Write a short poem about the sea and the sky, with rhymes, in English please:",
              "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, computed iteratively.\"\"\"\n"]
     prompts = [smol_tokenizer(t).input_ids for t in texts]
     assert len({len(p) for p in prompts}) == 4
     ours = _run_ours(smol_llm, prompts)
-    path = Path(embedded_gguf)
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     for prompt, (tokens, logprobs) in zip(prompts, ours):
-        ref, ref_logits = hf_greedy(hf, prompt, NEW_TOKENS)
+        ref, ref_logits = hf_greedy(smol_hf, prompt, NEW_TOKENS)
         assert_greedy_matches(tokens, logprobs, ref, ref_logits)
 
 

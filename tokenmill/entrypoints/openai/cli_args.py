@@ -25,6 +25,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="Export one OpenTelemetry span per request (queue, prefill, decode and first-token times, "
                         "token counts) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318/v1/traces "
                         "(needs the [otel] extra).")
+    g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT folders) to serve, each as name=path or vLLM's JSON {\"name\": ..., "
+                        "\"path\": ..., \"base_model_name\": ...}; a request picks one by its model field "
+                        "(needs --enable-lora).")
+    g.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="Answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter (off: they answer 404).")
     g.add_argument("--api-key", default=None, help="Require this bearer key on /v1 routes (or TOKENMILL_API_KEY).")
     g.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="Beyond max_num_seqs running, refuse new requests with 503 once this many are waiting.")

@@ -36,6 +36,7 @@ from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat, templat
 from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLimits, ServingContext, value_error
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
+from tokenmill.entrypoints.openai.serving_models import LoRAModulePath, add_lora_routes, parse_lora_modules
 from tokenmill.metrics import Metrics
 from tokenmill.utils import PROCESS_START, init_logger
 
@@ -100,9 +101,13 @@ class BodyLimitMiddleware:
 def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_key: str | None,
               limits: AdmissionLimits | None = None, chat_options: ChatOutputOptions | None = None,
               liveness: Liveness | None = None, input_limits: InputLimits | None = None,
-              cost_per_hour: float | None = None, recent: RecentActivity | None = None) -> FastAPI:
+              cost_per_hour: float | None = None, recent: RecentActivity | None = None,
+              lora_modules: list[LoRAModulePath] = (), allow_runtime_lora_updating: bool = False) -> FastAPI:
     ctx = ServingContext(engine, served_model_name, limits, chat_options, input_limits)
     ctx.cost_per_hour = cost_per_hour
+    for module in lora_modules:   # checked here, before the engine starts: a misfit stops the server at once
+        lora = ctx.models.add(module.name, module.path, module.base_model_name)
+        logger.info("LoRA adapter %s (id %d): %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
     liveness = liveness or Liveness()
     completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
     embeddings = OpenAIServingEmbedding(ctx)
@@ -208,9 +213,9 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": now(),
-                                            "owned_by": "tokenmill", "root": engine.config.model_config.model,
-                                            "max_model_len": ctx.max_model_len}]}
+        return {"object": "list", "data": ctx.models.cards(now())}
+
+    add_lora_routes(app, ctx.models, allow_runtime_lora_updating)
 
     @app.post("/v1/completions")
     async def create_completion(req: CompletionRequest, raw: Request):
@@ -298,7 +303,8 @@ def run_server(ns: argparse.Namespace) -> int:
     inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
                          ns.max_messages, ns.max_prompts, ns.max_request_bytes)
     app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
-                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour, recent)
+                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour, recent,
+                    parse_lora_modules(ns.lora_modules), ns.allow_runtime_lora_updating)
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

@@ -62,7 +62,7 @@ class OpenAIServingChat:
 
     async def create(self, req: ChatCompletionRequest, raw: Request):
         ctx, engine = self.ctx, self.ctx.engine
-        ctx.check_request(req)
+        lora = ctx.check_request(req)
         given = req.max_completion_tokens is not None or req.max_tokens is not None
         options = ctx.chat_options
         try:
@@ -73,6 +73,7 @@ class OpenAIServingChat:
             prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
             prompt.kv_transfer_params = check_kv_transfer_params(req.kv_transfer_params)
+            prompt.lora_request = lora
         except ValueError as e:
             raise value_error(e) from e
         params = sampling_params(req.to_sampling_params, ctx.max_model_len - len(prompt.prompt_token_ids))
@@ -133,14 +134,14 @@ class OpenAIServingChat:
                             "stop_reason": c.stop_reason})
         completion = sum(len(c.token_ids) for c in final.outputs)
         n_prompt = len(prompt.prompt_token_ids)
-        return {"id": rid, "object": "chat.completion", "created": now(), "model": self.ctx.served_model_name,
+        return {"id": rid, "object": "chat.completion", "created": now(), "model": self.ctx.model_name(prompt),
                 "choices": choices, "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion,
                                               "total_tokens": n_prompt + completion,
                                               **self.ctx.cost_usage([final])}}
 
     async def _stream(self, req: ChatCompletionRequest, rid: str, prompt, stream, parser,
                       choice: ToolChoice) -> AsyncIterator[str]:
-        created, model = now(), self.ctx.served_model_name
+        created, model = now(), self.ctx.model_name(prompt)
         deltas = [ChatDeltaStream(parser, self.ctx.chat_options.reasoning_parser) for _ in range(req.n)]
 
         def chunk(choices: list[dict], **extra) -> str:

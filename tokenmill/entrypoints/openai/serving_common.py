@@ -18,6 +18,8 @@ from tokenmill.engine.async_llm import AsyncLLM, RequestStream, RequestTimeoutEr
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
 from tokenmill.entrypoints.openai.errors import APIError, param_of
+from tokenmill.entrypoints.openai.serving_models import ServingModels
+from tokenmill.lora.request import LoRARequest
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -82,6 +84,7 @@ class ServingContext:
         self.engine = engine
         self.chat_options = chat_options or ChatOutputOptions()
         self.served_model_name = served_model_name
+        self.models = ServingModels(served_model_name, engine.config)
         self.max_model_len = engine.config.scheduler_config.max_model_len
         self.limits = limits or AdmissionLimits()
         self.input_limits = input_limits or InputLimits()
@@ -97,17 +100,23 @@ class ServingContext:
         seconds = sum(ro.metrics.engine_seconds for ro in outputs if ro is not None and ro.metrics is not None)
         return {"engine_seconds": round(seconds, 6), "cost_usd": seconds * self.cost_per_hour / 3600}
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", "model")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter that `model` names (None: the base model); 404 for a model the server does not have."""
+        return self.models.resolve(model)
 
-    def check_request(self, req) -> None:
-        """The model, then every size limit (400 naming the field)."""
-        self.check_model(req.model)
+    def check_request(self, req) -> LoRARequest | None:
+        """The model (its adapter, if it names one), then every size limit (400 naming the field)."""
+        lora = self.check_model(req.model)
         try:
             self.input_limits.check(req)
         except ValueError as e:
             raise value_error(e) from e
+        return lora
+
+    def model_name(self, prompt) -> str:
+        """The `model` a response reports: the adapter's name, or the base model's."""
+        lora = getattr(prompt, "lora_request", None)
+        return lora.lora_name if lora is not None else self.served_model_name
 
     @property
     def full(self) -> bool:

@@ -56,7 +56,7 @@ class OpenAIServingCompletion:
 
     async def create(self, req: CompletionRequest, raw: Request):
         ctx, engine = self.ctx, self.ctx.engine
-        ctx.check_request(req)
+        lora = ctx.check_request(req)
         if req.suffix:
             raise value_error(ValueError("suffix is not supported"))
         if req.best_of is not None and req.best_of != req.n:
@@ -67,6 +67,7 @@ class OpenAIServingCompletion:
             for p in prompts:
                 p.cache_salt = check_cache_salt(req.cache_salt)
                 p.kv_transfer_params = check_kv_transfer_params(req.kv_transfer_params)
+                p.lora_request = lora
         except ValueError as e:
             raise value_error(e) from e
         for p in prompts:
@@ -95,7 +96,7 @@ class OpenAIServingCompletion:
                 choices.append(self._choice(req, i, c, ro, echo=req.echo))
                 completion_tokens += len(c.token_ids)
         prompt_tokens = sum(len(p.prompt_token_ids) for p in prompts)
-        return {"id": rid, "object": "text_completion", "created": now(), "model": self.ctx.served_model_name,
+        return {"id": rid, "object": "text_completion", "created": now(), "model": self.ctx.model_name(prompts[0]),
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                               "total_tokens": prompt_tokens + completion_tokens,
                                               **self.ctx.cost_usage(finals.values())}}
@@ -118,7 +119,7 @@ class OpenAIServingCompletion:
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
     async def _stream(self, req: CompletionRequest, rid: str, prompts, streams) -> AsyncIterator[str]:
-        created, model = now(), self.ctx.served_model_name
+        created, model = now(), self.ctx.model_name(prompts[0])
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         completion_tokens = 0
         echoed: set[int] = set()

@@ -51,7 +51,7 @@ class OpenAIServingEmbedding:
 
     async def create(self, req: EmbeddingRequest, raw: Request):
         ctx, engine = self.ctx, self.ctx.engine
-        ctx.check_model(req.model)
+        lora = ctx.check_model(req.model)
         pooler = engine.config.pooler
         if pooler is None:
             raise APIError(400, "this server does not serve embeddings: start it with --pooler last|mean|cls", "model")
@@ -69,6 +69,7 @@ class OpenAIServingEmbedding:
             prompts = [engine.input_processor.process_prompt(p) for p in inputs]
             for p in prompts:
                 p.cache_salt = check_cache_salt(req.cache_salt)
+                p.lora_request = lora
         except ValueError as e:
             raise value_error(e) from e
         params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, pooling=pooler)
@@ -86,7 +87,7 @@ class OpenAIServingEmbedding:
             tokens = sum(len(p.prompt_token_ids) for p in prompts)
             data = [{"object": "embedding", "index": i, "embedding": _encode(embeddings[i], req.encoding_format)}
                     for i in range(len(prompts))]
-            return {"object": "list", "model": ctx.served_model_name, "data": data,
+            return {"object": "list", "model": ctx.model_name(prompts[0]), "data": data,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
         return await until_disconnected(raw, collect())
