@@ -160,3 +160,74 @@ def test_smollm2_adapter_equals_peft_merged_model(smol_hf, smol_tokenizer, tmp_p
         ours = _greedy(llm, [prompt, prompt], [lora, None])
     _check_against_peft(ours[:1], [prompt], ["smol"], {"smol": ref})
     assert ours[0][0] != ours[1][0], "the adapter did not change the answer"
+
+
+def test_server_serves_adapters_and_changes_them_while_requests_run(tiny_adapters, smol_tokenizer):
+    """A request picks its adapter by `model`; an adapter loaded while another request streams serves at once,
+    and one unloaded meanwhile lets its running request finish, then answers 404."""
+    import threading
+
+    import requests
+    from server_utils import ServerProcess
+
+    folder, loras, refs = tiny_adapters
+    prompt = _prompts([21], seed=3)[0]
+
+    def expected(name):
+        return smol_tokenizer.decode(hf_greedy(refs[name], prompt, NEW_TOKENS)[0])
+
+    server = ServerProcess(str(folder), "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory",
+                           "32MiB", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules",
+                           f"all8={loras['all8'].lora_path}", "--allow-runtime-lora-updating")
+    try:
+        def complete(model, **extra):
+            return requests.post(server.url + "/v1/completions", timeout=60, json={
+                "model": model, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
+                **extra})
+
+        cards = requests.get(server.url + "/v1/models").json()["data"]
+        assert [(c["id"], c["parent"]) for c in cards] == [("tiny", None), ("all8", "tiny")]
+        r = complete("all8")
+        assert r.status_code == 200 and r.json()["model"] == "all8"
+        assert r.json()["choices"][0]["text"] == expected("all8")
+        assert complete("tiny").json()["choices"][0]["text"] == expected(None)
+        assert complete("qv4").status_code == 404
+
+        long = {}
+        thread = threading.Thread(target=lambda: long.update(r=complete("all8", max_tokens=400)))
+        thread.start()
+        load = requests.post(server.url + "/v1/load_lora_adapter",
+                             json={"lora_name": "qv4", "lora_path": loras["qv4"].lora_path})
+        assert load.status_code == 200, load.text
+        assert complete("qv4").json()["choices"][0]["text"] == expected("qv4")
+        assert requests.post(server.url + "/v1/unload_lora_adapter", json={"lora_name": "all8"}).status_code == 200
+        thread.join(120)
+        assert long["r"].status_code == 200 and long["r"].json()["usage"]["completion_tokens"] == 400
+        assert complete("all8").status_code == 404
+        bad = requests.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nowhere"})
+        assert bad.status_code == 400 and "no such folder" in bad.json()["error"]["message"]
+        again = requests.post(server.url + "/v1/load_lora_adapter",
+                              json={"lora_name": "qv4", "lora_path": loras["qv4"].lora_path})
+        assert again.status_code == 400 and "already in use" in again.json()["error"]["message"]
+        assert [c["id"] for c in requests.get(server.url + "/v1/models").json()["data"]] == ["tiny", "qv4"]
+    finally:
+        server.stop()
+
+
+def test_runtime_updates_are_off_by_default():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tokenmill.entrypoints.openai.errors import APIError, error_response
+    from tokenmill.entrypoints.openai.serving_models import add_lora_routes, parse_lora_modules
+
+    app = FastAPI()
+    app.add_exception_handler(APIError, lambda _, e: error_response(e.status, e.message, e.param))
+    add_lora_routes(app, None, allow_updating=False)
+    r = TestClient(app).post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
+    assert r.status_code == 404 and "--allow-runtime-lora-updating" in r.json()["error"]["message"]
+    assert [(m.name, m.path) for m in parse_lora_modules(["a=/x", '{"name": "b", "path": "/y"}'])] == \
+        [("a", "/x"), ("b", "/y")]
+    for bad in ["a", "=x", '{"name": "b"}']:
+        with pytest.raises(ValueError, match="--lora-modules"):
+            parse_lora_modules([bad])

@@ -236,3 +236,43 @@ def test_argmax_rows_first_maximum(b, vocab):
     logits[-1, :] = -3.0                                 # a row of equal values
     out = torch.ops.tokenmill.argmax_rows(logits)
     assert torch.equal(out, logits.float().argmax(dim=-1))
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 130])
+@pytest.mark.parametrize("out_sizes", [[96], [64, 32, 32]])
+def test_lora_sgmv_matches_the_masked_torch_path(tokens, out_sizes):
+    """The segmented LoRA kernel (tokens grouped by slot, blocks of four with short tails) against the same
+    adapters through the torch path in fp32: slot 1 is never used, a third of the tokens run the base model, the
+    adapters' ranks (3, 8) are below the slots' width, and fused projections keep to their own columns."""
+    import numpy as np
+
+    from tokenmill.lora.layers import LoRALinearWeights, LoRAStep
+
+    in_features, rank, slots = 80, 8, 4
+    native, ref = LoRAStep(), LoRAStep()
+    w = LoRALinearWeights(in_features, out_sizes, slots, rank, native, torch.bfloat16)
+    w32 = LoRALinearWeights(in_features, out_sizes, slots, rank, ref, torch.float32)
+    assert w.native and not w32.native
+    for slot, r in ((0, 3), (2, 8), (3, 5)):
+        shards = {k: (_rand(r, in_features, seed=slot + k, scale=0.2), _rand(size, r, seed=9 + slot + k, scale=0.2))
+                  for k, size in enumerate(out_sizes)}
+        w.set_slot(slot, shards)
+        w32.set_slot(slot, shards)
+    token_slot = np.array([(-1, 0, 2, 3)[i % 4] if i % 3 else -1 for i in range(tokens)])
+    token_slot[0] = 3
+    mask = np.zeros((tokens, slots), dtype=np.float32)
+    rows = np.nonzero(token_slot >= 0)[0]
+    mask[rows, token_slot[rows]] = 1
+    ref.mask, ref.slots = torch.from_numpy(mask).unsqueeze(-1), slots
+    order = np.argsort(np.where(token_slot < 0, slots, token_slot), kind="stable")[:len(rows)]
+    native.mask, native.slots = ref.mask.to(torch.bfloat16), slots
+    native.order = torch.from_numpy(order.astype(np.int32))
+    native.seg = torch.from_numpy(np.searchsorted(token_slot[order], np.arange(slots + 1)).astype(np.int32))
+    x = _rand(tokens, in_features, seed=3).to(torch.bfloat16)
+    y = _rand(tokens, sum(out_sizes), seed=4).to(torch.bfloat16)
+    expected = w32.apply(x.float(), y.float().clone())
+    out = w.apply(x, y.clone())
+    assert not torch.equal(expected, y.float())   # the adapters did something
+    _assert_bf16_close(out, expected)
+    base = torch.from_numpy(token_slot < 0)
+    assert torch.equal(out[base], y[base])   # base-model tokens are untouched, bit for bit

@@ -31,6 +31,9 @@ def add_bench_parser(sub) -> None:
     tp = bsub.add_parser("throughput", help="Offline throughput: all requests at once.")
     _dataset_args(tp)
     tp.add_argument("--disable-tqdm", action="store_true")
+    tp.add_argument("--lora-path", nargs="+", default=None, metavar="PATH",
+                    help="LoRA adapter folders (needs --enable-lora): request i runs adapter i mod N; one folder "
+                         "with --max-loras N stands for N adapters (as vLLM's benchmark does).")
     tp.add_argument("--profile", action="store_true",
                     help="Split each step into scheduling, input preparation, forward, sampling, output processing.")
     add_engine_args(tp, positional_model=False)

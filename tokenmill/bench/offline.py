@@ -30,12 +30,15 @@ def run_throughput(ns: argparse.Namespace) -> int:
     vocab = int(llm.config.model_config.hf_config.vocab_size)
     reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed, vocab,
                            ns.min_input_len)
-    llm.generate({"prompt_token_ids": reqs[0].prompt_token_ids[:16]}, _params(4), use_tqdm=False)  # warm-up
+    loras = _loras(ns, llm)
+    warm = {"prompt_token_ids": reqs[0].prompt_token_ids[:16]}
+    llm.generate([warm] * max(1, len(loras)), _params(4), use_tqdm=False, lora_request=loras or None)  # warm-up
     llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
+    per_request = [loras[i % len(loras)] for i in range(len(prompts))] if loras else None
     llm.engine_core.profile.reset()
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, _params(ns.output_len), use_tqdm=not ns.disable_tqdm)
+    outs = llm.generate(prompts, _params(ns.output_len), use_tqdm=not ns.disable_tqdm, lora_request=per_request)
     elapsed = time.perf_counter() - t0
     in_toks = sum(len(o.prompt_token_ids) for o in outs)
     out_toks = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -50,13 +53,23 @@ def run_throughput(ns: argparse.Namespace) -> int:
         peak_kv_token_share=llm.engine_core.scheduler.peak_token_share,
         peak_num_running=llm.engine_core.scheduler.peak_num_running,
         kv_cache_dtype=llm.config.cache_config.cache_dtype, kv_cache_blocks=llm.config.cache_config.num_blocks,
-        quantization=llm.config.model_config.quantization)
+        quantization=llm.config.model_config.quantization, num_loras=len(loras))
     if ns.profile:
         result["profile"] = {k: round(v, 3) for k, v in llm.engine_core.profile.seconds.items()}
     emit(result, "Throughput benchmark", ns.output_json)
     if ns.profile:
         print(llm.engine_core.profile.table())
     return 0
+
+
+def _loras(ns: argparse.Namespace, llm) -> list:
+    """The adapters the requests take turns on (--lora-path), each its own id."""
+    from tokenmill.lora.request import LoRARequest
+
+    paths = list(getattr(ns, "lora_path", None) or [])
+    if len(paths) == 1 and llm.config.lora_config is not None:
+        paths *= llm.config.lora_config.max_loras
+    return [LoRARequest(f"lora-{i + 1}", i + 1, path) for i, path in enumerate(paths)]
 
 
 def run_latency(ns: argparse.Namespace) -> int:

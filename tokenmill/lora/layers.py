@@ -6,11 +6,17 @@ all of its rows' LoRA products in three ops whatever the mix of adapters:
     y += h @ B_all         one expand matmul; B holds each shard's rows (q/k/v, gate/up) at its offset
 
 A token of the base model has an all-zero mask row and gets y unchanged (exact zeros are added). No weight is
-ever merged, so requests of different adapters and of the base model share the step's one base matmul."""
+ever merged, so requests of different adapters and of the base model share the step's one base matmul.
+
+In bf16 on the CPU the native `lora_sgmv` kernel does the same in one op, with the step's adapted tokens
+grouped by slot: each token reads only its own adapter's rows, four tokens per weight load (the torch path
+multiplies every token by every slot in play)."""
 
 from __future__ import annotations
 
 import torch
+
+import tokenmill.kernels as kernels
 
 
 class LoRAStep:
@@ -18,6 +24,8 @@ class LoRAStep:
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None   # [T, slots in play, 1], model dtype
+        self.order: torch.Tensor | None = None   # int32: the adapted tokens grouped by slot (the native kernel's)
+        self.seg: torch.Tensor | None = None     # int32 [slots + 1]: slot s's tokens are order[seg[s]:seg[s+1]]
         self.slots = 0
 
 
@@ -32,8 +40,12 @@ class LoRALinearWeights:
         self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
         self.out_sizes = out_sizes
         width = max_loras * self.num_shards * rank
-        self.a = torch.zeros(width, in_features, dtype=dtype, device=device)          # rows: slot, shard, rank
-        self.b_t = torch.zeros(width, sum(out_sizes), dtype=dtype, device=device)     # B transposed, same rows
+        self.native = kernels.native_kernels_for(torch.empty(0, dtype=dtype, device=device)) and \
+            self.num_shards * rank <= 64
+        store = torch.float32 if self.native else dtype   # the kernel reads fp32 weights (no conversion inside)
+        self.a = torch.zeros(width, in_features, dtype=store, device=device)          # rows: slot, shard, rank
+        self.b_t = torch.zeros(width, sum(out_sizes), dtype=store, device=device)     # B transposed, same rows
+        self.bounds = [*self.offsets, sum(out_sizes)]
 
     def _rows(self, slot: int, shard: int) -> int:
         return (slot * self.num_shards + shard) * self.rank
@@ -56,6 +68,10 @@ class LoRALinearWeights:
         """y (the base layer's output for x) plus each token's own adapter's product."""
         mask = self.step.mask
         if mask is None:
+            return y
+        if self.native and x.dim() == 2 and x.stride(1) == 1 and y.is_contiguous():
+            torch.ops.tokenmill.lora_sgmv(y, x, self.a, self.b_t, self.step.order, self.step.seg, self.bounds,
+                                          self.rank)
             return y
         width = self.step.slots * self.num_shards * self.rank
         h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.a[:width])

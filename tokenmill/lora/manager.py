@@ -63,6 +63,9 @@ class LoRAManager:
         rows = np.nonzero(token_slot >= 0)[0]
         mask[rows, token_slot[rows]] = 1.0
         self.step.mask = torch.from_numpy(mask).to(self.dtype).unsqueeze(-1)
+        order = np.argsort(np.where(token_slot < 0, slots, token_slot), kind="stable")[:len(rows)]
+        self.step.order = torch.from_numpy(order.astype(np.int32))
+        self.step.seg = torch.from_numpy(np.searchsorted(token_slot[order], np.arange(slots + 1)).astype(np.int32))
         self.step.slots = slots
 
     def end_step(self) -> None:

@@ -9,6 +9,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from tokenmill.entrypoints.openai.errors import APIError
 from tokenmill.lora.request import LoRARequest
 
@@ -36,6 +38,16 @@ def parse_lora_modules(values: list[str] | None) -> list[LoRAModulePath]:
                 raise ValueError(f"--lora-modules: {value!r} is not name=path")
             modules.append(LoRAModulePath(name, path))
     return modules
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_int_id: int | None = None
 
 
 class ServingModels:
@@ -89,15 +101,6 @@ def add_lora_routes(app, models: ServingModels, allow_updating: bool) -> None:
     """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter {"lora_name"},
     answered only with --allow-runtime-lora-updating (they change what every client of the server gets)."""
     from fastapi.responses import PlainTextResponse
-    from pydantic import BaseModel
-
-    class LoadLoRAAdapterRequest(BaseModel):
-        lora_name: str
-        lora_path: str
-
-    class UnloadLoRAAdapterRequest(BaseModel):
-        lora_name: str
-        lora_int_id: int | None = None
 
     def allowed() -> None:
         if not allow_updating:
