@@ -6,11 +6,12 @@ The public names load lazily so that `tokenmill.core` (which must not import tor
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs", "LoRARequest", "__version__"]
 
 if TYPE_CHECKING:
     from tokenmill.config import EngineArgs
     from tokenmill.entrypoints.llm import LLM
+    from tokenmill.lora.request import LoRARequest
     from tokenmill.outputs import CompletionOutput, RequestOutput
     from tokenmill.sampling_params import SamplingParams
 
@@ -28,6 +29,10 @@ def __getattr__(name: str):
         from tokenmill import outputs
 
         return getattr(outputs, name)
+    if name == "LoRARequest":
+        from tokenmill.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "EngineArgs":
         from tokenmill.config import EngineArgs
 

@@ -42,9 +42,11 @@ class LoRALinearWeights:
         width = max_loras * self.num_shards * rank
         self.native = kernels.native_kernels_for(torch.empty(0, dtype=dtype, device=device)) and \
             self.num_shards * rank <= 64
-        store = torch.float32 if self.native else dtype   # the kernel reads fp32 weights (no conversion inside)
-        self.a = torch.zeros(width, in_features, dtype=store, device=device)          # rows: slot, shard, rank
-        self.b_t = torch.zeros(width, sum(out_sizes), dtype=store, device=device)     # B transposed, same rows
+        self.a = torch.zeros(width, in_features, dtype=dtype, device=device)          # rows: slot, shard, rank
+        self.b_t = torch.zeros(width, sum(out_sizes), dtype=dtype, device=device)     # B transposed, same rows
+        # the kernel's copies, in fp32 (no conversion in its inner loops; adapters are small)
+        self.a32 = self.a.float() if self.native else None
+        self.b32 = self.b_t.float() if self.native else None
         self.bounds = [*self.offsets, sum(out_sizes)]
 
     def _rows(self, slot: int, shard: int) -> int:
@@ -56,13 +58,18 @@ class LoRALinearWeights:
         for shard, (a, b) in shards.items():
             row, r = self._rows(slot, shard), a.shape[0]
             off, size = self.offsets[shard], self.out_sizes[shard]
-            self.a[row:row + r].copy_(a)
-            self.b_t[row:row + r, off:off + size].copy_(b.t())
+            for a_all, b_all in self._copies():
+                a_all[row:row + r].copy_(a)
+                b_all[row:row + r, off:off + size].copy_(b.t())
 
     def clear_slot(self, slot: int) -> None:
         first, last = self._rows(slot, 0), self._rows(slot + 1, 0)
-        self.a[first:last].zero_()
-        self.b_t[first:last].zero_()
+        for a_all, b_all in self._copies():
+            a_all[first:last].zero_()
+            b_all[first:last].zero_()
+
+    def _copies(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.a, self.b_t)] + ([(self.a32, self.b32)] if self.native else [])
 
     def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (the base layer's output for x) plus each token's own adapter's product."""
@@ -70,7 +77,7 @@ class LoRALinearWeights:
         if mask is None:
             return y
         if self.native and x.dim() == 2 and x.stride(1) == 1 and y.is_contiguous():
-            torch.ops.tokenmill.lora_sgmv(y, x, self.a, self.b_t, self.step.order, self.step.seg, self.bounds,
+            torch.ops.tokenmill.lora_sgmv(y, x, self.a32, self.b32, self.step.order, self.step.seg, self.bounds,
                                           self.rank)
             return y
         width = self.step.slots * self.num_shards * self.rank

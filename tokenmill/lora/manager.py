@@ -125,3 +125,4 @@ def _has(module: torch.nn.Module, path: str) -> bool:
         return True
     except AttributeError:
         return False
+
