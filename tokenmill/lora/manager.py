@@ -29,7 +29,7 @@ class LoRAManager:
         for index in model.model.stage:
             decoder = model.model.layers[index]
             for name in fused:
-                linear = decoder.get_submodule(name) if _has(decoder, name) else None
+                linear = _submodule(decoder, name)
                 if linear is None or not hasattr(linear, "lora"):
                     continue   # (a mixture-of-experts MLP has no dense gate/up/down)
                 sizes = list(getattr(linear, "out_sizes", None) or [linear.out_features])
@@ -40,12 +40,10 @@ class LoRAManager:
         self.slot_used: list[int] = [0] * config.max_loras             # step count of last use (LRU)
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()     # by lora_int_id, least recent first
         self.steps = 0
-        nbytes = sum(w.a.numel() + w.b_t.numel() for w in self.layers.values()) * self.layers_dtype_size()
+        nbytes = sum(t.numel() * t.element_size() for w in self.layers.values()
+                     for t in (w.a, w.b_t, w.a32, w.b32) if t is not None)
         logger.info("LoRA: %d adapter slots of rank %d over %d layers (%.1f MiB), up to %d adapters loaded",
                     config.max_loras, config.max_lora_rank, len(self.layers), nbytes / 2**20, config.max_cpu_loras)
-
-    def layers_dtype_size(self) -> int:
-        return torch.tensor([], dtype=self.dtype).element_size()
 
     # ---- per step -----------------------------------------------------------------------------
     def set_step(self, loras: list[LoRARequest | None], num_tokens: np.ndarray) -> None:
@@ -109,20 +107,9 @@ class LoRAManager:
         self.loaded.move_to_end(lora.lora_int_id)
         return adapter
 
-    def remove(self, lora_int_id: int) -> None:
-        """Forget an unloaded adapter (its slot is cleared; requests still running with it have finished)."""
-        self.loaded.pop(lora_int_id, None)
-        if lora_int_id in self.slots:
-            slot = self.slots.index(lora_int_id)
-            self.slots[slot] = None
-            for weights in self.layers.values():
-                weights.clear_slot(slot)
 
-
-def _has(module: torch.nn.Module, path: str) -> bool:
+def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
     try:
-        module.get_submodule(path)
-        return True
+        return module.get_submodule(path)
     except AttributeError:
-        return False
-
+        return None

@@ -3,6 +3,7 @@ through `tokenmill serve --pooler last` with 16 requests in flight; requests per
 second. bf16, the embedded SmolLM2.
 
     python docs/benchmarks/2026-12-01-embeddings/embed_bench.py [--num 256] [--len 256] [--port 8321]
+    python docs/benchmarks/2026-12-01-embeddings/embed_bench.py --url http://127.0.0.1:8000   # any server (vLLM)
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def offline(ps) -> dict:
             "tokens_per_s": round(sum(map(len, ps)) / seconds)}
 
 
-def served(ps, port: int) -> dict:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenmill.cli.main", "serve", "--port", str(port), "--pooler",
-                             "last", "--dtype", "bfloat16", "--kv-cache-memory", "1GiB"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+def served(ps, port: int, url: str | None = None) -> dict:
+    """Against tokenmill started here, or (url) a server already running."""
+    proc = None if url else subprocess.Popen(
+        [sys.executable, "-m", "tokenmill.cli.main", "serve", "--port", str(port), "--pooler", "last", "--dtype",
+         "bfloat16", "--kv-cache-memory", "1GiB"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = url or f"http://127.0.0.1:{port}"
     while True:
         try:
             urllib.request.urlopen(url + "/health", timeout=1)
@@ -60,8 +62,9 @@ def served(ps, port: int) -> dict:
             dims = list(pool.map(one, ps))
         seconds = time.perf_counter() - t
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
     assert dims == [576] * len(ps)
     return {"seconds": round(seconds, 2), "requests_per_s": round(len(ps) / seconds, 2),
             "tokens_per_s": round(sum(map(len, ps)) / seconds)}
@@ -72,8 +75,12 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--len", type=int, default=256)
     ap.add_argument("--port", type=int, default=8321)
+    ap.add_argument("--url", default=None, help="measure this running server only (the same 16-in-flight client)")
     ns = ap.parse_args()
     ps = prompts(ns.num, ns.len)
+    if ns.url:
+        print(json.dumps({f"server at {ns.url} (16 in flight)": served(ps, ns.port, ns.url)}, indent=1))
+        return
     print(json.dumps({"offline": offline(ps), "server (16 in flight)": served(ps, ns.port)}, indent=1))
 
 
