@@ -18,21 +18,9 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
+#include "bf16_rows.h"
+
 namespace {
-
-using bf16 = uint16_t;
-
-inline __m512 load16(const bf16* p, __mmask16 mask) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-
-inline void store16(bf16* p, __m512 v, __mmask16 mask) {
-  _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-inline __mmask16 mask_at(int64_t j, int64_t n) {
-  return n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-}
 
 constexpr int kTok = 4;   // tokens of one slot computed together: each weight load feeds four of them
 
