@@ -172,3 +172,23 @@ def test_block_runs_keep_table_order():
 
     assert block_runs([3, 4, 5, 9, 10, 2]) == [(3, 3), (9, 2), (2, 1)]
     assert block_runs([]) == []
+
+
+def test_at_most_max_loras_adapters_run_at_once():
+    """With max_loras=2, a request whose adapter would be the third waits (skipped, not blocking): base-model and
+    same-adapter requests behind it are admitted; it runs once an adapter's requests are done, first in line."""
+    from tokenmill.lora.request import LoRARequest
+
+    s = Scheduler(SchedulerConfig(64, 8, 256, True, "fcfs", max_loras=2), CacheConfig(BS, 64, True))
+    a, b, c = (LoRARequest(n, i + 1, "/x") for i, n in enumerate("abc"))
+    plan = [("r1", a), ("r2", b), ("r3", c), ("r4", None), ("r5", a), ("r6", c)]
+    for rid, lora in plan:
+        s.add_request(Request(rid, [5 + int(rid[1])] * 6, SamplingParams(max_tokens=2, ignore_eos=True), 2, BS,
+                              lora_request=lora))
+    so = s.schedule()
+    assert [n.req_id for n in so.scheduled_new_reqs] == ["r1", "r2", "r4", "r5"]
+    assert [n.lora_request for n in so.scheduled_new_reqs] == [a, b, None, a]
+    assert [r.request_id for r in s.waiting] == ["r3", "r6"]
+    s.finish_requests(["r2"], RequestStatus.FINISHED_STOPPED)   # adapter b's only request: c takes its place
+    s.update_from_output(so, ModelRunnerOutput([], []))
+    assert [n.req_id for n in s.schedule().scheduled_new_reqs] == ["r3", "r6"]
