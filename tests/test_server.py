@@ -210,6 +210,7 @@ def test_auth(server):
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "hi", "min_tokens": 9, "max_tokens": 3}, "min_tokens"),
     ({"prompt": ""}, None),
+    ({"prompt": []}, None),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": [99999999]}, None),
 ])

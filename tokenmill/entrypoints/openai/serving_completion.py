@@ -24,6 +24,8 @@ from tokenmill.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 def _prompts(prompt) -> list:
+    if isinstance(prompt, list) and not prompt:
+        raise ValueError("prompt must not be empty")
     if isinstance(prompt, str):
         return [prompt]
     if prompt and all(isinstance(t, int) for t in prompt):
