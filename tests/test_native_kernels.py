@@ -249,7 +249,7 @@ def test_lora_sgmv_matches_the_masked_torch_path(tokens, out_sizes):
     from tokenmill.lora.layers import LoRALinearWeights, LoRAStep
 
     in_features, rank, slots = 80, 8, 4
-    native, ref = LoRAStep(), LoRAStep()
+    native, ref = LoRAStep(torch.bfloat16), LoRAStep(torch.float32)
     w = LoRALinearWeights(in_features, out_sizes, slots, rank, native, torch.bfloat16)
     w32 = LoRALinearWeights(in_features, out_sizes, slots, rank, ref, torch.float32)
     assert w.native and not w32.native
@@ -260,14 +260,8 @@ def test_lora_sgmv_matches_the_masked_torch_path(tokens, out_sizes):
         w32.set_slot(slot, shards)
     token_slot = np.array([(-1, 0, 2, 3)[i % 4] if i % 3 else -1 for i in range(tokens)])
     token_slot[0] = 3
-    mask = np.zeros((tokens, slots), dtype=np.float32)
-    rows = np.nonzero(token_slot >= 0)[0]
-    mask[rows, token_slot[rows]] = 1
-    ref.mask, ref.slots = torch.from_numpy(mask).unsqueeze(-1), slots
-    order = np.argsort(np.where(token_slot < 0, slots, token_slot), kind="stable")[:len(rows)]
-    native.mask, native.slots = ref.mask.to(torch.bfloat16), slots
-    native.order = torch.from_numpy(order.astype(np.int32))
-    native.seg = torch.from_numpy(np.searchsorted(token_slot[order], np.arange(slots + 1)).astype(np.int32))
+    native.begin(token_slot)
+    ref.begin(token_slot)
     x = _rand(tokens, in_features, seed=3).to(torch.bfloat16)
     y = _rand(tokens, sum(out_sizes), seed=4).to(torch.bfloat16)
     expected = w32.apply(x.float(), y.float().clone())

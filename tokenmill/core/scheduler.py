@@ -140,14 +140,17 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int], admitted: list[Request]) -> None:
         kv = self.kv_cache_manager
-        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        loras: set[int] | None = None   # adapters running, gathered when a waiting request has one
         skipped: list[Request] = []   # their adapter would be one more than max_loras: they wait for a slot
         while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
             lora = req.lora_request
-            if lora is not None and lora.lora_int_id not in loras and len(loras) >= self.config.max_loras:
-                skipped.append(self.waiting.pop())
-                continue
+            if lora is not None:
+                if loras is None:
+                    loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+                if lora.lora_int_id not in loras and len(loras) >= self.config.max_loras:
+                    skipped.append(self.waiting.pop())
+                    continue
             computed_blocks, num_computed = kv.get_computed_blocks(req)
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -165,7 +168,7 @@ class Scheduler:
             num_scheduled[req.request_id] = num_new
             budget -= num_new
             admitted.append(req)
-            if lora is not None:
+            if lora is not None:   # (loras was gathered above)
                 loras.add(lora.lora_int_id)
         for req in reversed(skipped):
             self.waiting.prepend(req)

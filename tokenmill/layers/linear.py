@@ -134,7 +134,7 @@ class Linear(nn.Module):
     @property
     def lora_active(self) -> bool:
         """Whether this step adds adapters' products to this layer's output (a fused epilogue must step aside)."""
-        return self.lora is not None and self.lora.step.mask is not None
+        return self.lora is not None and self.lora.step.active
 
     def _shard(self, loaded, shard: int):
         """This rank's part of a checkpoint tensor (of fused shard `shard`)."""

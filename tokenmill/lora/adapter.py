@@ -41,7 +41,6 @@ def target_shapes(hf_config) -> dict[str, tuple[int, int]]:
 @dataclass
 class AdapterSpec:
     """What a folder holds, checked: its rank, scaling, and the (layer, module) pairs it changes."""
-    path: str
     rank: int
     scaling: float
     keys: dict[tuple[int, str], tuple[str, str]] = field(default_factory=dict)  # -> (A tensor name, B tensor name)
@@ -70,7 +69,7 @@ def read_adapter(path: str, hf_config, max_lora_rank: int) -> AdapterSpec:
             raise ValueError(f"LoRA adapter {path}: {key}={config.get(key)!r} is not supported")
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     shapes = target_shapes(hf_config)
-    spec = AdapterSpec(path, rank, float(scaling))
+    spec = AdapterSpec(rank, float(scaling))
     found: dict[tuple[int, str], dict[str, str]] = {}
     with safe_open(os.path.join(path, WEIGHTS_FILE), framework="pt") as f:
         for name in f.keys():

@@ -14,19 +14,52 @@ multiplies every token by every slot in play)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import tokenmill.kernels as kernels
 
 
 class LoRAStep:
-    """The step's token -> slot mask, shared by every adapted layer; None when no token uses an adapter."""
+    """Each token's slot this step (-1: the base model), shared by every adapted layer; inactive when no token uses
+    an adapter. The forms the two paths read are made on first use, once a step."""
 
-    def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None   # [T, slots in play, 1], model dtype
-        self.order: torch.Tensor | None = None   # int32: the adapted tokens grouped by slot (the native kernel's)
-        self.seg: torch.Tensor | None = None     # int32 [slots + 1]: slot s's tokens are order[seg[s]:seg[s+1]]
-        self.slots = 0
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.token_slot: np.ndarray | None = None
+        self.slots = 0   # slots in play: 0..slots-1
+        self._mask: torch.Tensor | None = None
+        self._grouped: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.token_slot is not None
+
+    def begin(self, token_slot: np.ndarray) -> None:
+        self.token_slot, self.slots = token_slot, int(token_slot.max()) + 1
+        self._mask = self._grouped = None
+
+    def end(self) -> None:
+        self.token_slot = self._mask = self._grouped = None
+
+    def mask(self) -> torch.Tensor:
+        """[T, slots, 1] 0/1 in the model dtype: the torch path's."""
+        if self._mask is None:
+            mask = np.zeros((len(self.token_slot), self.slots), dtype=np.float32)
+            rows = np.flatnonzero(self.token_slot >= 0)
+            mask[rows, self.token_slot[rows]] = 1.0
+            self._mask = torch.from_numpy(mask).to(self.dtype).unsqueeze(-1)
+        return self._mask
+
+    def grouped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, seg), int32: the adapted tokens grouped by slot, slot s's at order[seg[s]:seg[s+1]] (the
+        kernel's)."""
+        if self._grouped is None:
+            slot = self.token_slot
+            order = np.argsort(np.where(slot < 0, self.slots, slot), kind="stable")[:np.count_nonzero(slot >= 0)]
+            seg = np.searchsorted(slot[order], np.arange(self.slots + 1))
+            self._grouped = torch.from_numpy(order.astype(np.int32)), torch.from_numpy(seg.astype(np.int32))
+        return self._grouped
 
 
 class LoRALinearWeights:
@@ -73,14 +106,13 @@ class LoRALinearWeights:
 
     def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (the base layer's output for x) plus each token's own adapter's product."""
-        mask = self.step.mask
-        if mask is None:
+        if not self.step.active:
             return y
         if self.native and x.dim() == 2 and x.stride(1) == 1 and y.is_contiguous():
-            torch.ops.tokenmill.lora_sgmv(y, x, self.a32, self.b32, self.step.order, self.step.seg, self.bounds,
-                                          self.rank)
+            order, seg = self.step.grouped()
+            torch.ops.tokenmill.lora_sgmv(y, x, self.a32, self.b32, order, seg, self.bounds, self.rank)
             return y
         width = self.step.slots * self.num_shards * self.rank
         h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.a[:width])
-        h = (h.view(h.shape[0], self.step.slots, -1) * mask).view(h.shape[0], width)
+        h = (h.view(h.shape[0], self.step.slots, -1) * self.step.mask()).view(h.shape[0], width)
         return y.view(-1, y.shape[-1]).addmm_(h, self.b_t[:width]).view(y.shape)

@@ -22,8 +22,7 @@ class LoRAManager:
     def __init__(self, model: torch.nn.Module, config: LoRAConfig, dtype: torch.dtype, device: str = "cpu"):
         self.config = config
         self.hf_config = model.config
-        self.dtype = dtype
-        self.step = LoRAStep()
+        self.step = LoRAStep(dtype)
         self.layers: dict[tuple[int, str], LoRALinearWeights] = {}   # (layer index, fused layer name)
         fused = sorted({name for name, _ in TARGETS.values()})
         for index in model.model.stage:
@@ -49,25 +48,15 @@ class LoRAManager:
     def set_step(self, loras: list[LoRARequest | None], num_tokens: np.ndarray) -> None:
         """Rows' adapters (None: the base model) and their scheduled token counts, in the step's order."""
         if all(lora is None for lora in loras):
-            self.step.mask = None
             return
         self.steps += 1
         needed = {lora.lora_int_id: lora for lora in loras if lora is not None}
         slot_of = {lora_id: self._slot_for(lora, needed) for lora_id, lora in needed.items()}
         row_slot = np.array([slot_of[lora.lora_int_id] if lora is not None else -1 for lora in loras])
-        token_slot = np.repeat(row_slot, num_tokens)
-        slots = int(row_slot.max()) + 1
-        mask = np.zeros((len(token_slot), slots), dtype=np.float32)
-        rows = np.nonzero(token_slot >= 0)[0]
-        mask[rows, token_slot[rows]] = 1.0
-        self.step.mask = torch.from_numpy(mask).to(self.dtype).unsqueeze(-1)
-        order = np.argsort(np.where(token_slot < 0, slots, token_slot), kind="stable")[:len(rows)]
-        self.step.order = torch.from_numpy(order.astype(np.int32))
-        self.step.seg = torch.from_numpy(np.searchsorted(token_slot[order], np.arange(slots + 1)).astype(np.int32))
-        self.step.slots = slots
+        self.step.begin(np.repeat(row_slot, num_tokens))
 
     def end_step(self) -> None:
-        self.step.mask = None
+        self.step.end()
 
     def _slot_for(self, lora: LoRARequest, needed: dict[int, LoRARequest]) -> int:
         if lora.lora_int_id in self.slots:

@@ -177,14 +177,12 @@ class ModelRunner:
                 self.lora_manager.set_step([self.requests[r].lora_request for r in inp.req_ids],
                                            np.diff(inp.attn_metadata.query_start_loc_np))
         with self.profile.phase("forward"):
-            try:
-                if inp.micro_batches is None:
-                    hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
-                else:
-                    hidden = self._pipeline_forward(inp)
-            finally:
-                if self.lora_manager is not None:
-                    self.lora_manager.end_step()
+            if inp.micro_batches is None:
+                hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+            else:
+                hidden = self._pipeline_forward(inp)
+            if self.lora_manager is not None:
+                self.lora_manager.end_step()
             if hidden is None:
                 return None
         if not get_tp().is_first:

@@ -47,7 +47,7 @@ class LoadLoRAAdapterRequest(BaseModel):
 
 class UnloadLoRAAdapterRequest(BaseModel):
     lora_name: str
-    lora_int_id: int | None = None
+    lora_int_id: int | None = None   # vLLM's field, accepted; the name decides
 
 
 class ServingModels:
@@ -78,6 +78,7 @@ class ServingModels:
         if name not in self.adapters:
             raise APIError(404, f"The LoRA adapter `{name}` is not loaded.", "lora_name")
         del self.adapters[name]   # requests already running with it finish with it
+        del self.created[name]
 
     def resolve(self, model: str | None) -> LoRARequest | None:
         """The adapter a request's `model` names (None for the base model); 404 for an unknown name."""
