@@ -8,7 +8,17 @@ import torch
 
 from tokenmill.attention.backend import AttentionMetadata
 from tokenmill.attention.ops import write_kv
-from tokenmill.attention.registry import get_backend
+from tokenmill.attention.registry import get_backend as _get_backend
+
+
+def get_backend(name: str, device: str):
+    """A registered backend; "cpu_avx512" is the CPU backend with its bf16 decode scores kept off AMX (the path of
+    CPUs without it, tested on every CPU)."""
+    if name != "cpu_avx512":
+        return _get_backend(name, device)
+    backend = _get_backend("cpu", device)
+    backend.decode_amx = False
+    return backend
 
 
 def _case(q_lens, ctx_lens, block_size, hq, hkv, d, dtype, seed=0):
@@ -49,6 +59,9 @@ CASES = {
     "prefill": ([7, 33, 16], [0, 0, 0]),
     "chunked_and_prefix": ([12, 1, 20, 1], [16, 64, 32, 3]),
     "one_token_prompt": ([1], [0]),
+    # past 512 keys the kernel splits a decoded token's keys into parts and merges them (flash-decoding); the
+    # 8-token chunk crosses that length (tokens 510-517), the 3-token one runs at 1,031-1,033 (three parts)
+    "long_decodes": ([1, 1, 3, 8, 1], [1500, 600, 1030, 509, 40]),
 }
 
 
@@ -63,9 +76,9 @@ def test_backend_matches_reference(backend, case, block_size, hq, hkv):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu", "cpu_avx512"])
 def test_backend_bf16_close_to_reference(backend):
-    q, k, v, cache, md = _case([1, 9, 1, 40], [30, 7, 70, 0], 16, 9, 3, 64, torch.bfloat16)
+    q, k, v, cache, md = _case([1, 9, 1, 40, 1], [30, 7, 70, 0, 2000], 16, 9, 3, 64, torch.bfloat16)
     ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
     out = get_backend(backend, "cpu").forward(q, k, v, cache, md, 0.125)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
@@ -85,6 +98,25 @@ def test_sliding_window_matches_reference(backend, case, block_size, hq, hkv, d,
     if window < md.max_seq_len:  # the window changes the answer: the reference's masking does something
         full = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
         assert not torch.allclose(full, ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu_avx512"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_split_decode_gives_a_token_the_same_bits_in_any_step(backend, kv_dtype):
+    """A long context's token, attended in parts and merged: the same bits whether it is decoded alone, with
+    other requests, or computed as the last of a chunk (speculation and batching cannot change an answer)."""
+    q, k, v, cache, md = _case([8, 1], [1000, 700], 16, 9, 3, 64, torch.bfloat16, seed=3)
+    scales = (1.0, 1.0) if kv_dtype == torch.bfloat16 else (0.5, 2.0)   # (a quantized cache's scales)
+    cache = cache.to(kv_dtype)
+    cpu = get_backend(backend, "cpu")
+    together = cpu.forward(q, k, v, cache, md, 0.125, *scales)
+    qsl = np.array([0, 1], dtype=np.int64)
+    alone = AttentionMetadata(md.slot_mapping[7:8], md.block_table[:1], torch.from_numpy(qsl), torch.tensor([1008]),
+                              qsl, np.array([1008]), 1, 1008)
+    out = cpu.forward(q[7:8], k[7:8], v[7:8], cache, alone, 0.125, *scales)
+    assert torch.equal(out[0], together[7])
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125, *scales)
+    torch.testing.assert_close(together.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_reference_reads_what_was_written():
@@ -123,6 +155,8 @@ SHARED_PREFIX_CASES = {
     "decodes_and_chunks": ([33, 5, 16, 17, 40, 3, 30, 9, 2, 64, 20], [33, 1, 16, 1, 20, 3, 1, 9, 1, 1, 7]),
     # the long chunk is attended apart (SDPA over the gathered cache): the cascade takes only some tokens
     "decodes_and_a_long_chunk": ([1, 5, 16, 17, 40, 3, 30, 9, 2, 200], [1] * 9 + [150]),
+    # tails past 512 tokens: the kernel's share is split into parts (skipping the prefix's blocks) and merged
+    "long_tails": ([1, 5, 16, 17, 40, 3, 30, 9, 2, 700, 900], [1] * 10 + [4]),
 }
 
 

@@ -56,6 +56,7 @@ class CpuPagedBackend(AttentionBackend):
             raise RuntimeError("the native CPU attention kernel could not be built")
         self._op = torch.ops.tokenmill.paged_attention
         self._amx = kernels.amx_available()
+        self.decode_amx = True   # bf16 decode scores on AMX tiles where the CPU has them (tests turn it off)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 md: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
@@ -72,7 +73,7 @@ class CpuPagedBackend(AttentionBackend):
             self._cascade(out, q, kv_cache, md, plan, scale, scales)
         elif plan.kernel_rows is not None:
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                     plan.kernel_rows, scale, 0, None, k_scale, v_scale, window)
+                     plan.kernel_rows, scale, 0, None, k_scale, v_scale, window, self.decode_amx)
         for i in plan.sdpa_rows:
             if window or not self._amx_takes(q):  # (the AMX prompt kernel has no window)
                 sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales, window)
@@ -89,7 +90,7 @@ class CpuPagedBackend(AttentionBackend):
         prefix = plan.prefix
         lse_tail = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
         self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
-                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail, scales[0], scales[1])
+                 plan.kernel_rows, scale, prefix.num_blocks, lse_tail, scales[0], scales[1], 0, self.decode_amx)
         rows, (hq, d), hkv = prefix.token_index.shape[0], q.shape[1:], kv_cache.shape[3]  # rows: query tokens
         group = hq // hkv
         qr = q if prefix.all_tokens else q[prefix.token_index]

@@ -25,6 +25,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "amx.h"
 #include "vec_math.h"
 #endif
 
@@ -246,16 +247,61 @@ inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __
 }
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define TOKENMILL_DECODE_AMX 1
+// The same scores on AMX tiles, with no gather: the block's 16 key rows load straight from the cache as an A
+// tile (their row stride is the cache's token stride), times Q^T of the R query heads as B tiles (tiles 0
+// and 1, loaded once per task by load_q_tiles), gives [16 keys x 16 heads] in fp32; each head's column is then
+// read back from L1. The gathers of the AVX-512 path cost more than the memory they wait for on some CPUs.
+template <int R>
+inline void load_q_tiles(const at::BFloat16* q, int64_t kv_head, uint32_t* qt) {
+  std::memset(qt, 0, 2 * 256 * sizeof(uint32_t));
+  for (int r = 0; r < R; ++r) {
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q + (kv_head * R + r) * 64);
+    for (int p = 0; p < 32; ++p) qt[(p / 16) * 256 + (p % 16) * 16 + r] = pairs[p];  // row = d pair, col = head
+  }
+  TILE_LOAD(0, qt, 64);
+  TILE_LOAD(1, qt + 256, 64);
+}
+
+template <int R>
+inline void score_decode_block_amx(const at::BFloat16* kb, __m512* scores, int64_t kv_token_stride, float scale,
+                                   float* c) {
+  _tile_zero(4);
+  TILE_LOAD(2, kb, kv_token_stride * 2);
+  TILE_LOAD(3, kb + 32, kv_token_stride * 2);
+  _tile_dpbf16ps(4, 2, 0);
+  _tile_dpbf16ps(4, 3, 1);
+  _tile_stored(4, c, 64);
+  __asm__ volatile("" ::: "memory");
+  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    scores[r] = _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r)), c, 4), vscale);
+}
+#endif
+
 
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
+// With `part` given, only blocks [start_block, end_block) are walked and the unnormalised state goes there
+// ([R][64] accumulators, then R maxima, then R sums: kPartFloats per head) for a later merge (flash-decoding).
 template <typename T, typename KT, int R>
 void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
                 int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
-                float* lse, float v_scale, int64_t window) {
+                float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
+                bool amx = false) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
   alignas(64) float qf[R * d];
+#if defined(TOKENMILL_DECODE_AMX)
+  alignas(64) uint32_t qt[2 * 256];
+  alignas(64) float c[256];
+  if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
+    if (amx) load_q_tiles<R>(q, kv_head, qt);
+  }
+#endif
   for (int r = 0; r < R; ++r)
     for (int64_t x = 0; x < d; ++x) qf[r * d + x] = to_float(q[(kv_head * R + r) * d + x]) * scale;
   __m512 acc[R][4], l[R];
@@ -265,7 +311,8 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = _mm512_setzero_ps();
   }
-  const int64_t num_blocks = (seq_len + block - 1) / block;
+  const int64_t num_blocks = end_block >= 0 ? std::min(end_block, (seq_len + block - 1) / block)
+                                            : (seq_len + block - 1) / block;
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
   for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
@@ -285,7 +332,12 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     __m512 sv[R];
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
-      score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
+#if defined(TOKENMILL_DECODE_AMX)
+      if (amx)
+        score_decode_block_amx<R>(kb, sv, kv_token_stride, scale, c);
+      else
+#endif
+        score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
     } else
 #endif
     {
@@ -329,6 +381,14 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
       }
     }
   }
+  if (part) {
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) _mm512_storeu_ps(part + r * d + 16 * k, acc[r][k]);
+      part[R * d + r] = m[r];
+      part[R * d + R + r] = _mm512_reduce_add_ps(l[r]);
+    }
+    return;
+  }
   for (int r = 0; r < R; ++r) {
     alignas(64) float o[d];
     const float sum = _mm512_reduce_add_ps(l[r]);
@@ -345,6 +405,34 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 #if defined(__AVX512F__)
 constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of attention/cpu.py
 #endif
+// Flash-decoding: a decoded token whose sequence is longer than this many 16-token blocks is attended in parts
+// of this many blocks, each a task of its own, then merged by their maxima and sums. Otherwise one request of
+// a long context is three tasks (its KV heads) on two cores, read at a third of the memory's speed. The split
+// depends only on the token's own sequence length, so a token gets the same bits whatever batch it is in.
+constexpr int64_t kSplitBlocks = 32;
+constexpr int64_t kSplitTokens = kSplitBlocks * 16;
+
+// Merge the parts of one query head: out = sum(acc_p * e^(m_p - M)) / sum(l_p * e^(m_p - M)) * v_scale.
+template <typename T>
+void merge_parts(const float* parts, int64_t num_parts, int64_t stride, int R, int r, float v_scale, T* out,
+                 float* lse) {
+  constexpr int64_t d = 64;
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < num_parts; ++p) top = std::max(top, parts[p * stride + R * d + r]);
+  float acc[d] = {};
+  float sum = 0.0f;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    const float* part = parts + p * stride;
+    const float l = part[R * d + R + r];
+    if (l == 0.0f) continue;  // a part with no key this token sees
+    const float c = fast_exp(part[R * d + r] - top);
+    sum += l * c;
+    for (int64_t x = 0; x < d; ++x) acc[x] += part[r * d + x] * c;
+  }
+  const float inv = v_scale / sum;
+  for (int64_t x = 0; x < d; ++x) from_float(acc[x] * inv, out + x);
+  if (lse) *lse = top + std::log(sum);
+}
 
 // rows: the batch rows to compute (the others are left untouched in `out`). start_block > 0 skips each row's
 // first blocks (a prefix attended elsewhere); lse, when given ([T, Hq] fp32), receives each query row's
@@ -353,7 +441,7 @@ constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of atte
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
-                     double k_scale, double v_scale, int64_t window) {
+                     double k_scale, double v_scale, int64_t window, bool amx) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
@@ -368,12 +456,40 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   const int64_t* qsl_p = qsl.data_ptr<int64_t>();
   const int64_t* rw_p = rw.data_ptr<int64_t>();
   const int32_t* bt_p = bt.data_ptr<int32_t>();
-  const int64_t bt_stride = bt.size(1), num_rows = rw.size(0), tasks = num_rows * hkv;
+  const int64_t bt_stride = bt.size(1), num_rows = rw.size(0);
   float* lse_p = nullptr;
   if (lse.has_value() && lse->defined()) {
     TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->size(1) == hq, "lse: [T, Hq] fp32");
     lse_p = lse->data_ptr<float>();
   }
+#if defined(__AVX512F__)
+  const bool decode_path = d == 64 && block_size == 16 && group <= 4 && q.scalar_type() != at::kDouble &&
+                           k_cache.scalar_type() != at::kDouble;
+#else
+  const bool decode_path = false;
+#endif
+#if defined(TOKENMILL_DECODE_AMX)
+  // bf16 scores on AMX where the CPU has it (amx=false keeps the AVX-512 path, which tests compare with)
+  const bool use_amx = amx && decode_path && q.scalar_type() == at::kBFloat16 &&
+                       k_cache.scalar_type() == at::kBFloat16 && tokenmill_amx::permitted();
+#else
+  const bool use_amx = false;
+#endif
+  // Tasks: (row, kv head, part); a row has more than one part only on the decode path with a long sequence.
+  // first_task[r] = the row's first task; its parts of one head are consecutive. part_off[r] = where its
+  // tokens' partial results start in `parts` (kPartFloats per query head, for every task and token).
+  std::vector<int64_t> first_task(num_rows + 1, 0), num_parts(num_rows, 1), part_off(num_rows + 1, 0);
+  bool any_split = false;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
+    if (decode_path && q_len > 0 && q_len <= 8 && sl_p[i] > kSplitTokens)
+      num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
+    any_split |= num_parts[r] > 1;
+    first_task[r + 1] = first_task[r] + hkv * num_parts[r];
+    part_off[r + 1] = part_off[r] + (num_parts[r] > 1 ? hkv * num_parts[r] * q_len * group * (d + 2) : 0);
+  }
+  const int64_t tasks = first_task[num_rows], part_stride = group * (d + 2);
+  std::vector<float> parts(any_split ? part_off[num_rows] : 0);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
     using T = scalar_t;
     auto run = [&](auto kv_tag) {
@@ -384,8 +500,14 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
       const KT* v_p = reinterpret_cast<const KT*>(v_cache.data_ptr());
       const float qk_scale = static_cast<float>(scale * k_scale), vs = static_cast<float>(v_scale);
       at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+#if defined(TOKENMILL_DECODE_AMX)
+        if (use_amx) tokenmill_amx::configure_tiles();
+#endif
+        int64_t r = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
         for (int64_t task = begin; task < end; ++task) {
-          const int64_t i = rw_p[task / hkv], h = task % hkv;
+          while (task >= first_task[r + 1]) ++r;
+          const int64_t i = rw_p[r], np = num_parts[r], h = (task - first_task[r]) / np,
+                        part = (task - first_task[r]) % np;
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           if (q_len == 0) continue;
 #if defined(__AVX512F__)
@@ -393,23 +515,55 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           // time, each with the context it would have had alone: a token's attention is then the same bits
           // whether it is decoded, verified as a draft or computed in a chunk, so speculation cannot change
           // a greedy answer in bf16 either.
-          if (d == 64 && q_len <= kDecodeLoopMaxQueryLen && block_size == 16 && group <= 4 &&
-              !std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
-            using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
-                                float, int64_t, float*, float, int64_t);
-            const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
-                               &decode_d64<T, KT, 4>};
-            for (int64_t t = 0; t < q_len; ++t)
-              fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
-                             sl_p[i] - q_len + t + 1, h, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
-                             lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window);
-            continue;
+          if (decode_path && q_len <= kDecodeLoopMaxQueryLen) {
+            if constexpr (!std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
+              using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t,
+                                  int64_t, float, int64_t, float*, float, int64_t, int64_t, float*, bool);
+              const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
+                                 &decode_d64<T, KT, 4>};
+              for (int64_t t = 0; t < q_len; ++t) {
+                const int64_t len = sl_p[i] - q_len + t + 1;
+                const bool split = len > kSplitTokens;  // this token's own choice (np > 1 then)
+                if (split ? part * kSplitTokens >= len : part > 0) continue;
+                float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
+                                   : nullptr;
+                fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
+                               len, h, k_cache.stride(1), k_cache.stride(0), qk_scale,
+                               split ? std::max(start_block, part * kSplitBlocks) : start_block,
+                               lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window,
+                               split ? (part + 1) * kSplitBlocks : -1, dst, use_amx);
+              }
+              continue;
+            }
           }
 #endif
           auto* fn = d == 64 ? &attend_one<T, KT, 64> : d == 128 ? &attend_one<T, KT, 128> : &attend_one<T, KT, 0>;
           fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
              block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
              lse_p ? lse_p + q0 * hq : nullptr, vs, window);
+        }
+#if defined(TOKENMILL_DECODE_AMX)
+        if (use_amx) _tile_release();
+#endif
+      });
+      if (!any_split) return;
+      // the split tokens: each query head's parts merged (a token's parts of one head lie q_len apart)
+      at::parallel_for(0, num_rows * hkv, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t r = task / hkv, h = task % hkv, np = num_parts[r], i = rw_p[r];
+          if (np == 1) continue;
+          const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
+          for (int64_t t = 0; t < q_len; ++t) {
+            const int64_t len = sl_p[i] - q_len + t + 1;
+            if (len <= kSplitTokens) continue;
+            const float* first = parts.data() + part_off[r] + (h * np * q_len + t) * part_stride;
+            for (int g = 0; g < group; ++g) {
+              const int64_t head = h * group + g;
+              merge_parts(first, (len + kSplitTokens - 1) / kSplitTokens, q_len * part_stride,
+                          static_cast<int>(group), g, vs, o_p + ((q0 + t) * hq + head) * d,
+                          lse_p ? lse_p + (q0 + t) * hq + head : nullptr);
+            }
+          }
         }
       });
     };
@@ -427,7 +581,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale, int start_block=0, "
-        "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0, int window=0) -> ()");
+        "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0, int window=0, bool amx=True) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }
