@@ -1,8 +1,10 @@
 """One batched sampler for the whole step: logit bias, min_tokens, penalties, temperature, top-k, top-p,
 min-p and per-request seeds, with logprobs of the raw model output (as vLLM reports them).
 
-Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which draws exactly from p and lets
-a seeded request draw its own noise row from its own generator, so its tokens do not depend on the batch.
+A row draws by inverting its cumulative distribution with one uniform number, taken from the request's own
+generator when it has a seed, so a seeded request's tokens do not depend on the batch. (The exponential race
+used before needed a random number per vocabulary entry: 280 ms of a 128-row step here, the inversion ~15 ms.)
+Top-p keeps to the rows' best TOP_P_CANDIDATES tokens when they hold the mass, instead of sorting the vocabulary.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import tokenmill.kernels as kernels
 from tokenmill.structured_output.bitmask import apply_token_bitmask
 
 _EPS = 1e-5
+# top-p looks for its cut among each row's best this-many tokens (one topk, ~30 ms at 128 rows of SmolLM2's
+# vocabulary, against ~470 ms to sort them); a row whose best ones hold less than top_p sorts its whole row.
+TOP_P_CANDIDATES = 256
 
 
 @dataclass
@@ -88,12 +93,12 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        return self.race(self.probs(logits, md), md.generators)
+        return self.draw(self.probs(logits, md), md.generators)
 
     @staticmethod
     def probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """The distribution a sampled row draws from: temperature, top-k, top-p, then min-p (unnormalised
-        after min-p; the race does not need a sum of one)."""
+        after min-p; the draw does not need a sum of one)."""
         temp = torch.where(md.temperature < _EPS, torch.ones_like(md.temperature), md.temperature)
         logits = logits / temp[:, None]
         if md.top_k is not None:
@@ -105,12 +110,17 @@ class Sampler:
             probs = probs.masked_fill(probs < md.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
         return probs
 
-    def race(self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
-        """One draw per row from `probs` (any non-negative weights): argmax of p / q with q ~ Exp(1)."""
-        q = torch.empty_like(probs).exponential_(generator=self.default_generator)
+    def draw(self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
+        """One draw per row from `probs` (any non-negative weights): the first token whose running sum passes
+        u times the row's sum, u uniform in [0, 1), kept below the sum when rounding would reach it. A token of
+        zero weight never passes (its running sum is the one before it)."""
+        u = torch.rand(probs.shape[0], generator=self.default_generator)
         for row, gen in (generators or {}).items():
-            q[row].exponential_(generator=gen)
-        return (probs / q).max(dim=-1).indices
+            u[row] = torch.rand(1, generator=gen)[0]
+        cdf = probs.float().cumsum(dim=-1)
+        total = cdf[:, -1:]
+        target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
 
 
 def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, list[int]]],
@@ -138,17 +148,39 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    k = torch.where(top_k <= 0, torch.full_like(top_k, logits.shape[-1]), top_k).clamp(max=logits.shape[-1])
+    """Keep each row's top_k best tokens (and any tied with the last); rows with top_k 0 keep all (they do not
+    make the others' topk as wide as the vocabulary)."""
+    on = (top_k > 0) & (top_k < logits.shape[-1])
+    if not bool(on.any()):
+        return logits
+    k = torch.where(on, top_k, torch.ones_like(top_k))
     kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
-    return logits.masked_fill(logits < kth, float("-inf"))
+    return logits.masked_fill((logits < kth) & on[:, None], float("-inf"))
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove = (cum - sorted_logits.softmax(dim=-1)) > top_p[:, None]  # keep tokens until the mass reaches top_p
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    """Keep each row's most likely tokens until their mass reaches top_p (the token that crosses it included):
+    found among the row's best TOP_P_CANDIDATES (their probabilities against the whole row's log-sum-exp), or,
+    for rows whose best ones hold less, by sorting the row. Tokens tied with the last one kept are kept too."""
+    k = min(TOP_P_CANDIDATES, logits.shape[-1])
+    best = logits.topk(k, dim=-1).values                                  # [B, k], descending
+    p = torch.exp(best - torch.logsumexp(logits, dim=-1, keepdim=True))
+    cum = p.cumsum(dim=-1)
+    kept = ((cum - p) <= top_p[:, None]).sum(dim=-1).clamp(min=1)        # tokens before the mass reaches top_p
+    cut = best.gather(1, (kept - 1)[:, None])
+    short = (cum[:, -1] < top_p) & (kept == k)                            # top_p needs more than the candidates
+    if bool(short.any()):
+        rows = torch.nonzero(short)[:, 0]
+        cut[rows] = _sorted_top_p_cut(logits[rows], top_p[rows])
+    return logits.masked_fill(logits < cut, float("-inf"))
+
+
+def _sorted_top_p_cut(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The same cut as apply_top_p's, from a full sort of each row: [B, 1], the last kept logit."""
+    ordered = logits.sort(dim=-1, descending=True).values
+    p = ordered.softmax(dim=-1)
+    kept = ((p.cumsum(dim=-1) - p) <= top_p[:, None]).sum(dim=-1).clamp(min=1)
+    return ordered.gather(1, (kept - 1)[:, None])
 
 
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

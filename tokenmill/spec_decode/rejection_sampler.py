@@ -44,25 +44,25 @@ def rejection_sample(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadat
     greedy = (md.temperature < _EPS).tolist()
     out_tokens: list[list[int]] = []
     out_rows: list[list[int]] = []
-    final_rows, rejected, race_rows = [], [], []
+    final_rows, rejected, draw_rows = [], [], []
     for i, (start, d) in enumerate(zip(starts, drafts)):
         if greedy[start]:
             a = _greedy_accepts(d, targets[start: start + len(d)])
             out_tokens.append(d[:a] + [targets[start + a]])
         else:
             a = _sampled_accepts(d, probs, start, generators[i] or sampler.default_generator)
-            out_tokens.append(d[:a] + [-1])   # the last token comes from the race below
-            race_rows.append(i)
+            out_tokens.append(d[:a] + [-1])   # the last token comes from the draw below
+            draw_rows.append(i)
             final_rows.append(start + a)
             rejected.append(d[a] if a < len(d) else -1)
         out_rows.append(list(range(start, start + a + 1)))
-    if race_rows:
+    if draw_rows:
         final = probs[final_rows].clone()
         for j, tok in enumerate(rejected):
             if tok >= 0:
                 final[j, tok] = 0.0   # the residual max(p - onehot(x), 0)
-        gens = {j: generators[i] for j, i in enumerate(race_rows) if generators[i] is not None}
-        for i, tok in zip(race_rows, sampler.race(final, gens).tolist()):
+        gens = {j: generators[i] for j, i in enumerate(draw_rows) if generators[i] is not None}
+        for i, tok in zip(draw_rows, sampler.draw(final, gens).tolist()):
             out_tokens[i][-1] = tok
     return VerifiedTokens(out_tokens, out_rows, raw_logprobs)
 
