@@ -18,6 +18,9 @@ WORKLOADS = {
     # W5: how many requests a fixed 256 MiB KV cache holds at once, prompts of 64..1,024 tokens
     "W5": dict(num_prompts=128, input_len=1024, min_input_len=64, output_len=128, prefix_len=0, dataset_seed=5,
                kv_cache_memory="256MiB"),
+    # W8: long contexts, 4 prompts of 7,936 tokens at once (W8-1: one alone), 8,064 of the model's 8,192
+    "W8": dict(num_prompts=4, input_len=7936, output_len=128, prefix_len=0, dataset_seed=8),
+    "W8-1": dict(num_prompts=1, input_len=7936, output_len=128, prefix_len=0, dataset_seed=9),
 }
 
 

@@ -57,8 +57,13 @@ class Sampler:
         """logits: [B, vocab] in the model's dtype, the step's own (the greedy path writes min_tokens' -inf into
         them); fp32 is made only when something needs more than an argmax."""
         logits, raw_logprobs = self.prepare(logits, md)
-        greedy = greedy_tokens(logits)
-        sampled = greedy if md.all_greedy else torch.where(md.temperature < _EPS, greedy, self._sample(logits, md))
+        if md.all_greedy:
+            sampled = greedy_tokens(logits)
+        else:
+            sampled = self._sample(logits, md)
+            greedy_rows = md.temperature < _EPS
+            if bool(greedy_rows.any()):   # (an argmax over the vocabulary only where a row needs one)
+                sampled = torch.where(greedy_rows, greedy_tokens(logits), sampled)
         out = SamplerOutput(sampled)
         if raw_logprobs is not None:
             gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs, out)
