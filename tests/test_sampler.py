@@ -66,10 +66,12 @@ def test_top_p_from_the_best_candidates_equals_sorting_the_row(monkeypatch):
     peaked = torch.randn(4, 500, generator=g) * 6
     flat = torch.randn(3, 500, generator=g) * 0.3
     logits = torch.cat([peaked, flat])
-    top_p = torch.tensor([0.9, 0.5, 0.99, 0.7, 0.9, 0.2, 0.6])
+    top_p = torch.tensor([0.9, 0.5, 0.99, 0.7, 0.9, 0.2, 0.6, 1.0])   # (the last row: off, in a batch with it on)
+    logits = torch.cat([logits, peaked[:1]])
     out = sampler.apply_top_p(logits, top_p)
+    assert torch.equal(out[-1], logits[-1])
     kept_counts = []
-    for row in range(len(logits)):
+    for row in range(len(logits) - 1):
         kept = set(torch.nonzero(torch.isfinite(out[row]))[:, 0].tolist())
         assert kept == _top_p_keep_reference(logits[row], float(top_p[row])), row
         kept_counts.append(len(kept))

@@ -173,11 +173,12 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     cum = p.cumsum(dim=-1)
     kept = ((cum - p) <= top_p[:, None]).sum(dim=-1).clamp(min=1)        # tokens before the mass reaches top_p
     cut = best.gather(1, (kept - 1)[:, None])
-    short = (cum[:, -1] < top_p) & (kept == k)                            # top_p needs more than the candidates
+    on = top_p < 1.0                                                      # rows of 1.0 keep every token
+    short = on & (cum[:, -1] < top_p) & (kept == k)                       # top_p needs more than the candidates
     if bool(short.any()):
         rows = torch.nonzero(short)[:, 0]
         cut[rows] = _sorted_top_p_cut(logits[rows], top_p[rows])
-    return logits.masked_fill(logits < cut, float("-inf"))
+    return logits.masked_fill((logits < cut) & on[:, None], float("-inf"))
 
 
 def _sorted_top_p_cut(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

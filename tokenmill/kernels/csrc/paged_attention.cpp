@@ -286,7 +286,7 @@ inline void score_decode_block_amx(const at::BFloat16* kb, __m512* scores, int64
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
 // With `part` given, only blocks [start_block, end_block) are walked and the unnormalised state goes there
-// ([R][64] accumulators, then R maxima, then R sums: kPartFloats per head) for a later merge (flash-decoding).
+// ([R][64] accumulators, then R maxima, then R sums) for a later merge (flash-decoding).
 template <typename T, typename KT, int R>
 void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
                 int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
@@ -402,9 +402,7 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 
 #endif
 
-#if defined(__AVX512F__)
 constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of attention/cpu.py
-#endif
 // Flash-decoding: a decoded token whose sequence is longer than this many 16-token blocks is attended in parts
 // of this many blocks, each a task of its own, then merged by their maxima and sums. Otherwise one request of
 // a long context is three tasks (its KV heads) on two cores, read at a third of the memory's speed. The split
@@ -477,12 +475,12 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 #endif
   // Tasks: (row, kv head, part); a row has more than one part only on the decode path with a long sequence.
   // first_task[r] = the row's first task; its parts of one head are consecutive. part_off[r] = where its
-  // tokens' partial results start in `parts` (kPartFloats per query head, for every task and token).
+  // tokens' partial results start in `parts` (group * (64 + 2) floats for every task and token).
   std::vector<int64_t> first_task(num_rows + 1, 0), num_parts(num_rows, 1), part_off(num_rows + 1, 0);
   bool any_split = false;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
-    if (decode_path && q_len > 0 && q_len <= 8 && sl_p[i] > kSplitTokens)
+    if (decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen && sl_p[i] > kSplitTokens)
       num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
     any_split |= num_parts[r] > 1;
     first_task[r + 1] = first_task[r] + hkv * num_parts[r];

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Realistic chat traffic with vLLM's own client against tokenmill's server and vLLM's, one after the other:
+# streamed chat completions of make_chats.py's conversations, temperature 0.7, Poisson arrivals.
+#   run_chat.sh OUT_DIR [RATES] [NUM_PROMPTS]        (defaults: "2 4", 100)
+set -euo pipefail
+out=${1:-/tmp/chat}; rates=${2:-"2 4"}; n=${3:-100}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+peers=${PEERS_DIR:-$root/../shared/peers}
+mkdir -p "$out"
+"$root/.venv/bin/python" "$here/make_chats.py" "$out/chats.json"
+export HF_HUB_OFFLINE=1
+
+wait_up() {  # port
+  for _ in $(seq 600); do curl -sf "127.0.0.1:$1/v1/models" >/dev/null && return 0; sleep 1; done; return 1
+}
+bench() {  # port label model
+  for rate in $rates; do
+    /tmp/peers/vllmcpu/bin/python "$peers/vllm_cli.py" bench serve --backend openai-chat \
+      --endpoint /v1/chat/completions --host 127.0.0.1 --port "$1" --model "$3" \
+      --tokenizer /tmp/models/smollm2-135m-instruct --dataset-name sharegpt --dataset-path "$out/chats.json" \
+      --num-prompts "$n" --request-rate "$rate" --temperature 0.7 --ignore-eos --seed 0 \
+      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$out" \
+      --result-filename "chat_$2_rate$rate.json" --disable-tqdm 2>&1 | sed -n "/Serving Benchmark Result/,/^=====*$/p"
+  done
+}
+
+"$root/.venv/bin/tokenmill" serve --port 8001 >"$out/tokenmill_server.log" 2>&1 &
+pid=$!
+wait_up 8001
+model=$(curl -s 127.0.0.1:8001/v1/models | "$root/.venv/bin/python" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
+bench 8001 tokenmill "$model"
+kill "$pid"; wait "$pid" || true
+
+PORT=8000 "$peers/serve_vllm.sh" >"$out/vllm_server.log" 2>&1 &
+pid=$!
+wait_up 8000
+bench 8000 vllm /tmp/models/smollm2-135m-instruct
+kill "$pid"; wait "$pid" || true
