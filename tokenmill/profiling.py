@@ -13,12 +13,22 @@ from contextlib import contextmanager
 class StepProfile:
     PHASES = ("schedule", "prepare_inputs", "forward", "sample", "update_from_output", "output_processing")
 
-    # parts of another phase's time (forward), shown but not added into the total
-    NESTED = frozenset({"pp_recv", "pp_send", "all_reduce"})
+    # parts of another phase's time (forward), shown but not added into the total; between_forwards is the host's
+    # time from one step's sampled tokens to the next step's forward (scheduling, inputs, outputs, the loop)
+    NESTED = frozenset({"pp_recv", "pp_send", "all_reduce", "between_forwards"})
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
+        self._model_done: float | None = None
+
+    def model_start(self) -> None:
+        """A forward begins: the time since the last step's tokens were sampled counts as between_forwards."""
+        if self._model_done is not None:
+            self.seconds["between_forwards"] += time.perf_counter() - self._model_done
+
+    def model_done(self) -> None:
+        self._model_done = time.perf_counter()
 
     @contextmanager
     def phase(self, name: str):
@@ -31,6 +41,7 @@ class StepProfile:
     def reset(self) -> None:
         self.seconds.clear()
         self.steps = 0
+        self._model_done = None
 
     def table(self) -> str:
         total = sum(v for k, v in self.seconds.items() if k not in self.NESTED) or 1.0

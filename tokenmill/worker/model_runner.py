@@ -176,6 +176,7 @@ class ModelRunner:
             if self.lora_manager is not None:
                 self.lora_manager.set_step([self.requests[r].lora_request for r in inp.req_ids],
                                            np.diff(inp.attn_metadata.query_start_loc_np))
+        self.profile.model_start()
         with self.profile.phase("forward"):
             if inp.micro_batches is None:
                 hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
@@ -205,6 +206,7 @@ class ModelRunner:
                                           md.seq_lens_np, hidden)
                 if inp.sampling_rows:
                     self._propose(inp, result)
+        self.profile.model_done()
         return result
 
     def _pipeline_forward(self, inp: StepInputs) -> torch.Tensor | None:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Realistic chat traffic with vLLM's own client against tokenmill's server and vLLM's, one after the other:
 # streamed chat completions of make_chats.py's conversations, temperature 0.7, Poisson arrivals.
-#   run_chat.sh OUT_DIR [RATES] [NUM_PROMPTS]        (defaults: "2 4", 100)
+#   run_chat.sh OUT_DIR [RATES] [NUM_PROMPTS] [ENGINES]      (defaults: "2 4", 100, "tokenmill vllm")
 set -euo pipefail
-out=${1:-/tmp/chat}; rates=${2:-"2 4"}; n=${3:-100}
+out=${1:-/tmp/chat}; rates=${2:-"2 4"}; n=${3:-100}; engines=" ${4:-tokenmill vllm} "
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 peers=${PEERS_DIR:-$root/../shared/peers}
@@ -25,15 +25,19 @@ bench() {  # port label model
   done
 }
 
+if [[ $engines == *" tokenmill "* ]]; then
 "$root/.venv/bin/tokenmill" serve --port 8001 >"$out/tokenmill_server.log" 2>&1 &
 pid=$!
 wait_up 8001
 model=$(curl -s 127.0.0.1:8001/v1/models | "$root/.venv/bin/python" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
 bench 8001 tokenmill "$model"
 kill "$pid"; wait "$pid" || true
+fi
 
+if [[ $engines == *" vllm "* ]]; then
 PORT=8000 "$peers/serve_vllm.sh" >"$out/vllm_server.log" 2>&1 &
 pid=$!
 wait_up 8000
 bench 8000 vllm /tmp/models/smollm2-135m-instruct
 kill "$pid"; wait "$pid" || true
+fi
