@@ -103,6 +103,28 @@ def test_decodes_go_first():
     assert so.num_scheduled_tokens == {"a": 1, "b": 9}
 
 
+def test_long_prefill_token_threshold_caps_each_prompts_chunk():
+    """With the cap at 12, two prompts arriving together take 12 tokens each a step (within the budget of 32)
+    while a decoding request keeps its token every step; without it, the first prompt fills the budget."""
+    import dataclasses
+
+    for cap, first_step in [(12, {"a": 1, "b": 12, "c": 12}), (0, {"a": 1, "b": 31})]:
+        s = make_scheduler(budget=32)
+        s.config = dataclasses.replace(s.config, long_prefill_token_threshold=cap)
+        add(s, "a", 3, max_tokens=20)
+        runner = FakeRunner()
+        so = s.schedule()
+        s.update_from_output(so, runner(so, s))
+        add(s, "b", 40, base=500)
+        add(s, "c", 30, base=700)
+        so = s.schedule()
+        assert so.num_scheduled_tokens == first_step
+        s.update_from_output(so, runner(so, s))
+        if cap:
+            so = s.schedule()
+            assert so.num_scheduled_tokens == {"a": 1, "b": 12, "c": 12}
+
+
 def test_preemption_then_resume():
     s = make_scheduler(num_blocks=6, budget=64, max_seqs=4)
     add(s, "old", 8, max_tokens=8)

@@ -62,6 +62,9 @@ class EngineArgs:
     enable_prefix_caching: bool = _arg(True, "Reuse the KV cache of full blocks shared with earlier prompts.")
     enable_chunked_prefill: bool = _arg(True, "Split long prompts into chunks across steps.")
     max_num_batched_tokens: int = _arg(2048, "Token budget of one engine step.")
+    long_prefill_token_threshold: int = _arg(0, "Most prompt tokens one request computes in a step (0: no cap), "
+                                                "so running requests' next tokens never wait behind a long "
+                                                "prompt's whole chunk.")
     max_num_seqs: int = _arg(256, "Most requests running at once.")
     scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first).",
                                   choices=["fcfs", "priority"])
@@ -139,6 +142,9 @@ class EngineArgs:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got "
+                             f"{self.long_prefill_token_threshold}")
         if self.max_queue_time is not None and self.max_queue_time <= 0:
             raise ValueError(f"max_queue_time must be positive, got {self.max_queue_time}")
         batched = self.max_num_batched_tokens
@@ -148,7 +154,8 @@ class EngineArgs:
             max_num_batched_tokens=batched, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
             max_queue_time=self.max_queue_time, max_loras=lora.max_loras if lora else 1,
-            num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
+            num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
+            long_prefill_token_threshold=self.long_prefill_token_threshold if self.enable_chunked_prefill else 0)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
         if self.cpu_bind not in ("auto", "none"):
             from tokenmill.platform import parse_cpu_list
@@ -291,6 +298,7 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0       # KV slots a draft model writes past the scheduled tokens
     max_queue_time: float | None = None  # seconds a request may wait before its first step
     max_loras: int = 1                  # distinct adapters running at once (their slots in the model)
+    long_prefill_token_threshold: int = 0  # most prompt tokens of one request in a step; 0: no cap
 
 
 @dataclass(frozen=True)

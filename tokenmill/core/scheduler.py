@@ -88,7 +88,8 @@ class Scheduler:
         lookahead = self.config.num_lookahead_tokens
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens + self._num_useful_drafts(req), budget)
+            num_new = min(self._prompt_chunk(req.num_tokens - req.num_computed_tokens) + self._num_useful_drafts(req),
+                          budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -111,6 +112,11 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _prompt_chunk(self, num_new: int) -> int:
+        """A request's new tokens for this step, capped at long_prefill_token_threshold (vLLM's name) when set."""
+        cap = self.config.long_prefill_token_threshold
+        return min(num_new, cap) if cap > 0 else num_new
 
     def _num_useful_drafts(self, req: Request) -> int:
         """Drafts past the request's last allowed token are not verified: k drafts can yield k + 1 tokens."""
@@ -155,7 +161,7 @@ class Scheduler:
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = min(num_new, budget)
+            num_new = min(self._prompt_chunk(num_new), budget)
             if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
                                  self.config.num_lookahead_tokens) is None:
                 break

@@ -2,6 +2,7 @@
 # Realistic chat traffic with vLLM's own client against tokenmill's server and vLLM's, one after the other:
 # streamed chat completions of make_chats.py's conversations, temperature 0.7, Poisson arrivals.
 #   run_chat.sh OUT_DIR [RATES] [NUM_PROMPTS] [ENGINES]      (defaults: "2 4", 100, "tokenmill vllm")
+# TM_ARGS adds flags to `tokenmill serve` (TM_LABEL names that run's files, default "tokenmill").
 set -euo pipefail
 out=${1:-/tmp/chat}; rates=${2:-"2 4"}; n=${3:-100}; engines=" ${4:-tokenmill vllm} "
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,18 +20,19 @@ bench() {  # port label model
     /tmp/peers/vllmcpu/bin/python "$peers/vllm_cli.py" bench serve --backend openai-chat \
       --endpoint /v1/chat/completions --host 127.0.0.1 --port "$1" --model "$3" \
       --tokenizer /tmp/models/smollm2-135m-instruct --dataset-name sharegpt --dataset-path "$out/chats.json" \
-      --num-prompts "$n" --request-rate "$rate" --temperature 0.7 --ignore-eos --seed 0 \
+      --num-prompts "$n" --num-warmups 8 --request-rate "$rate" --temperature 0.7 --ignore-eos --seed 0 \
       --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$out" \
       --result-filename "chat_$2_rate$rate.json" --disable-tqdm 2>&1 | sed -n "/Serving Benchmark Result/,/^=====*$/p"
   done
 }
 
 if [[ $engines == *" tokenmill "* ]]; then
-"$root/.venv/bin/tokenmill" serve --port 8001 >"$out/tokenmill_server.log" 2>&1 &
+# shellcheck disable=SC2086
+"$root/.venv/bin/tokenmill" serve --port 8001 ${TM_ARGS:-} >"$out/${TM_LABEL:-tokenmill}_server.log" 2>&1 &
 pid=$!
 wait_up 8001
 model=$(curl -s 127.0.0.1:8001/v1/models | "$root/.venv/bin/python" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
-bench 8001 tokenmill "$model"
+bench 8001 "${TM_LABEL:-tokenmill}" "$model"
 kill "$pid"; wait "$pid" || true
 fi
 
