@@ -214,3 +214,20 @@ def test_at_most_max_loras_adapters_run_at_once():
     s.finish_requests(["r2"], RequestStatus.FINISHED_STOPPED)   # adapter b's only request: c takes its place
     s.update_from_output(so, ModelRunnerOutput([], []))
     assert [n.req_id for n in s.schedule().scheduled_new_reqs] == ["r3", "r6"]
+
+
+def test_between_forwards_counts_host_time_but_not_an_idle_wait():
+    import time
+
+    from tokenmill.profiling import StepProfile
+
+    p = StepProfile()
+    p.model_start()
+    p.model_done()
+    time.sleep(0.02)
+    p.model_start()              # 20 ms of host time between two forwards
+    p.model_done()
+    p.idle()                     # nothing to run: the wait below is not counted
+    time.sleep(0.05)
+    p.model_start()
+    assert 0.02 <= p.seconds["between_forwards"] < 0.05

@@ -30,6 +30,10 @@ class StepProfile:
     def model_done(self) -> None:
         self._model_done = time.perf_counter()
 
+    def idle(self) -> None:
+        """A step with nothing to run: the wait for the next request is not host time between forwards."""
+        self._model_done = None
+
     @contextmanager
     def phase(self, name: str):
         t0 = time.perf_counter()

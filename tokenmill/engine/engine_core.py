@@ -232,6 +232,7 @@ class EngineCore:
         with self.profile.phase("schedule"):
             so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
+            self.profile.idle()
             if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
                 self.executor.execute_model(so)
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
