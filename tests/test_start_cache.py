@@ -22,7 +22,7 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
 
     from transformers import AutoTokenizer
 
-    from tokenmill.model.gguf_file import _build_hf_config, gguf_hf_config, iter_gguf_weights
+    from tokenmill.model.gguf_file import _build_hf_config, gguf_hf_config, iter_gguf_weights, typed_hf_config
     from tokenmill.model.loader import load_tokenizer
 
     p = Path(embedded_gguf)
@@ -42,9 +42,13 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
         direct.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert cached.get_vocab() == direct.get_vocab() and cached.eos_token_id == direct.eos_token_id
 
-    built = _build_hf_config(embedded_gguf).to_dict()
+    built = _build_hf_config(embedded_gguf)
     gguf_hf_config(embedded_gguf)
-    assert gguf_hf_config(embedded_gguf).to_dict() == built
+    cached_config = gguf_hf_config(embedded_gguf)   # a plain config: every field the model class set, as set
+    assert type(cached_config).__name__ != type(built).__name__
+    fields = built.to_dict()
+    assert {k: getattr(cached_config, k, None) for k in fields} == fields
+    assert typed_hf_config(cached_config).to_dict() == fields
 
     def convert():
         return iter_gguf_weights(embedded_gguf, gguf_hf_config(embedded_gguf))

@@ -1,5 +1,5 @@
 """How the engine-core process starts. `tokenmill serve` starts a fork server first thing, and it imports the
-engine's modules (torch, transformers' config classes: ~4 s here) on the second core while the API server
+engine's modules (torch, transformers, the model code: ~4 s here) on the second core while the API server
 imports its own and reads the config; the engine core is then forked from it, ready-made, instead of spawning
 an interpreter that imports everything again. Elsewhere (offline LLM, tests in-process) it is a plain spawn.
 The fork server has imported but never run anything, so forking it is safe (no thread pools to inherit)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import multiprocessing
 
-PRELOAD = ["transformers", "transformers.models.llama.configuration_llama", "tokenmill.engine.core_client",
-           "tokenmill.engine.engine_core", "tokenmill.executor.uniproc", "tokenmill.worker.model_runner"]
+PRELOAD = ["transformers", "tokenmill.engine.core_client", "tokenmill.engine.engine_core", "tokenmill.executor.uniproc",
+           "tokenmill.worker.model_runner"]
 _prestarted = False
 
 

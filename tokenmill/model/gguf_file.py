@@ -46,17 +46,41 @@ def gguf_architecture(path: str) -> str:
 
 def gguf_hf_config(path: str):
     """The transformers config of a GGUF file: built from its metadata once (parsing the file takes seconds),
-    then read from the start cache."""
-    from transformers import AutoConfig
+    then read from the start cache as a plain config holding every field the model class set. Why plain: the
+    model-specific classes (LlamaConfig...) import transformers' model-loading machinery and
+    torch.distributed.tensor on the way (~2 s of a cold start, in each process that reads the config); the
+    engine only reads the fields."""
+    import json
+
+    from transformers.configuration_utils import PretrainedConfig
 
     from tokenmill.model.start_cache import cached_folder
 
-    folder = cached_folder(path, "config", lambda tmp: _build_hf_config(path).save_pretrained(str(tmp)))
+    def build(tmp) -> None:
+        (tmp / "config.json").write_text(json.dumps(_build_hf_config(path).to_dict(), indent=1))
+
+    folder = cached_folder(path, "config-fields", build)  # (the "config" entries held a diff from the defaults)
     if folder is None:
         return _build_hf_config(path)
-    config = AutoConfig.from_pretrained(str(folder))
+    fields = json.loads((folder / "config.json").read_text())
+    config = PretrainedConfig.from_dict(fields)
+    for key, value in fields.items():   # (from_dict drops a few generation-time fields, e.g. use_cache)
+        if not hasattr(config, key):
+            setattr(config, key, value)
     config._name_or_path = ""   # as built: the cache folder is no name of the model
     return config
+
+
+def typed_hf_config(config):
+    """The model-specific transformers class of a plain config read from the start cache (LlamaConfig...), for
+    what writes an HF folder: a plain config's config.json would lack its model_type."""
+    from transformers import AutoConfig
+    from transformers.configuration_utils import PretrainedConfig
+
+    if type(config) is not PretrainedConfig:
+        return config
+    fields = {k: v for k, v in config.to_dict().items() if k != "model_type"}
+    return AutoConfig.for_model(config.model_type, **fields)
 
 
 def _build_hf_config(path: str):

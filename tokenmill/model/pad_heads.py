@@ -61,7 +61,9 @@ def write_padded_model(out: str | Path, model: str | None = None, heads: int = 1
         padded = pad_attention(*(weights[n].float() for n in names), cfg.num_attention_heads,
                                cfg.num_key_value_heads, heads, kv_heads, head_dim)
         weights.update(zip(names, padded))
-    new_cfg = copy.deepcopy(cfg)
+    from tokenmill.model.gguf_file import typed_hf_config
+
+    new_cfg = copy.deepcopy(typed_hf_config(cfg))
     new_cfg.num_attention_heads, new_cfg.num_key_value_heads, new_cfg.head_dim = heads, kv_heads, head_dim
     new_cfg.architectures = ["LlamaForCausalLM"]
     out = Path(out)
