@@ -104,7 +104,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if ns.command == "serve":
         from tokenmill.engine.process_start import prestart_engine_process
 
-        prestart_engine_process()   # the engine cores' imports, on the other core, while ours run
+        prestart_engine_process(ns.model)   # the engine cores' imports, on the other core, while ours run
         from tokenmill.entrypoints.openai.server import run_server
 
         return run_server(ns)

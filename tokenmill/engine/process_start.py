@@ -13,12 +13,16 @@ PRELOAD = ["transformers", "tokenmill.engine.core_client", "tokenmill.engine.eng
 _prestarted = False
 
 
-def prestart_engine_process() -> None:
-    """Start the fork server now, importing PRELOAD in the background."""
+def prestart_engine_process(model: str | None = None) -> None:
+    """Start the fork server now, importing PRELOAD in the background, and for a model folder transformers' Llama
+    config class too (its config reaches the engine core as that class; a GGUF model's, the embedded one's
+    included, as a plain config that needs none)."""
     global _prestarted
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    folder = model is not None and not model.endswith(".gguf")
+    preload = PRELOAD + (["transformers.models.llama.configuration_llama"] if folder else [])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
     forkserver.ensure_running()
     _prestarted = True
 
