@@ -19,7 +19,7 @@ $TM bench throughput --workload W3 --disable-tqdm --no-enable-prefix-caching --o
   --workloads W3 --no-prefix-caching --dtype bfloat16 > $B/vllm_off.log 2>&1)
 $TM bench latency --workload W2 --num-iters 3 --output-json $B/tm_w2.json > $B/tm_w2.log 2>&1
 
-RATES=0.5,1,2,4,inf
+RATES=${RATES:-0.5,1,2,4,inf}
 T0=$(date +%s.%N)
 $TM serve --port 8100 > $B/tm_serve.log 2>&1 &
 TMPID=$!
