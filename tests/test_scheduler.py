@@ -216,18 +216,24 @@ def test_at_most_max_loras_adapters_run_at_once():
     assert [n.req_id for n in s.schedule().scheduled_new_reqs] == ["r3", "r6"]
 
 
-def test_between_forwards_counts_host_time_but_not_an_idle_wait():
-    import time
+def test_between_forwards_counts_host_time_but_not_an_idle_wait(monkeypatch):
+    import tokenmill.profiling as profiling
 
-    from tokenmill.profiling import StepProfile
-
-    p = StepProfile()
+    clock = [100.0]
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock[0])   # a fake clock: no sleeps to race
+    p = profiling.StepProfile()
     p.model_start()
+    clock[0] += 0.5              # a forward
     p.model_done()
-    time.sleep(0.02)
+    clock[0] += 0.02
     p.model_start()              # 20 ms of host time between two forwards
+    clock[0] += 0.5
     p.model_done()
     p.idle()                     # nothing to run: the wait below is not counted
-    time.sleep(0.05)
+    clock[0] += 5.0
     p.model_start()
-    assert 0.02 <= p.seconds["between_forwards"] < 0.05
+    clock[0] += 0.5
+    p.model_done()
+    clock[0] += 0.03
+    p.model_start()              # and counting resumes after it
+    assert abs(p.seconds["between_forwards"] - 0.05) < 1e-9
