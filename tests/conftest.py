@@ -91,7 +91,7 @@ def smol_hf(embedded_gguf):
 
 @pytest.fixture(scope="session")
 def smol_tokenizer(embedded_gguf):
-    from tokenmill.model.loader import load_tokenizer
+    from tokenmill.model.tokenizer import load_tokenizer
 
     return load_tokenizer(embedded_gguf)
 

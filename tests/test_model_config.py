@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import MistralConfig, Qwen2Config
 
 from tokenmill.model.llama import sliding_window_of
-from tokenmill.model.loader import _model_max_len, _resolve_dtype
+from tokenmill.model.model_config import model_max_len, resolve_dtype
 
 
 def test_sliding_window_does_not_cap_the_model_length():
-    assert _model_max_len(MistralConfig(max_position_embeddings=1024, sliding_window=64)) == 1024
-    assert _model_max_len(MistralConfig(max_position_embeddings=1024, sliding_window=None)) == 1024
+    assert model_max_len(MistralConfig(max_position_embeddings=1024, sliding_window=64)) == 1024
+    assert model_max_len(MistralConfig(max_position_embeddings=1024, sliding_window=None)) == 1024
 
 
 def test_sliding_window_per_layer_as_transformers_decides():
@@ -32,7 +33,9 @@ def test_sliding_window_per_layer_as_transformers_decides():
 
 def test_dtype_resolution():
     cfg = MistralConfig(dtype="float32")
-    assert _resolve_dtype("auto", cfg, "cpu") == "float32"
-    assert _resolve_dtype("bfloat16", cfg, "cpu") == "bfloat16"
+    assert resolve_dtype("auto", cfg, "cpu") == "float32"
+    assert resolve_dtype("bfloat16", cfg, "cpu") == "bfloat16"
+    assert resolve_dtype("auto", MistralConfig(dtype=torch.float32), "cpu") == "float32"   # a dtype, not a name
+    assert resolve_dtype("auto", MistralConfig(dtype=torch.float16), "cpu") in ("bfloat16", "float32")  # not fp16
     with pytest.raises(ValueError, match="dtype"):
-        _resolve_dtype("int3", cfg, "cpu")
+        resolve_dtype("int3", cfg, "cpu")

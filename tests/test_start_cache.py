@@ -22,8 +22,9 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
 
     from transformers import AutoTokenizer
 
-    from tokenmill.model.gguf_file import _build_hf_config, gguf_hf_config, iter_gguf_weights, typed_hf_config
-    from tokenmill.model.loader import load_tokenizer
+    from tokenmill.model.gguf_config import _build_hf_config, gguf_hf_config, typed_hf_config
+    from tokenmill.model.gguf_file import iter_gguf_weights
+    from tokenmill.model.tokenizer import load_tokenizer
 
     p = Path(embedded_gguf)
     direct = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -45,7 +46,7 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
     built = _build_hf_config(embedded_gguf)
     gguf_hf_config(embedded_gguf)
     cached_config = gguf_hf_config(embedded_gguf)   # a plain config: every field the model class set, as set
-    assert type(cached_config).__name__ != type(built).__name__
+    assert type(cached_config).__name__ == "PlainConfig" != type(built).__name__
     fields = built.to_dict()
     assert {k: getattr(cached_config, k, None) for k in fields} == fields
     assert typed_hf_config(cached_config).to_dict() == fields
@@ -60,6 +61,36 @@ def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_
     assert first.keys() == again.keys() == reference.keys()
     for name, w in reference.items():
         assert torch.equal(again[name], w), name
+
+
+def test_plain_config_answers_every_read_as_the_model_class(embedded_gguf, fresh_cache):
+    """Every attribute the engine reads from a config (building the ModelConfig and the model) has the same value
+    on the start cache's PlainConfig as on transformers' class: recorded, not listed by hand."""
+    from tokenmill.attention.registry import get_backend
+    from tokenmill.model.gguf_config import _build_hf_config, gguf_hf_config
+    from tokenmill.model.model_config import _eos_token_ids, head_dim_of, model_max_len, resolve_dtype
+    from tokenmill.model.registry import model_class
+
+    built = _build_hf_config(embedded_gguf)
+    reads: set[str] = set()
+
+    class Recording(type(built)):
+        def __getattribute__(self, name):
+            reads.add(name)
+            return super().__getattribute__(name)
+
+    built.__class__ = Recording
+    model_max_len(built), head_dim_of(built), resolve_dtype("auto", built, "cpu")
+    _eos_token_ids(embedded_gguf, "gguf", built)
+    with torch.device("meta"):
+        model_class(built)(built, get_backend(None, "cpu"), 64)
+    built.__class__ = Recording.__mro__[1]
+    gguf_hf_config(embedded_gguf)
+    plain = gguf_hf_config(embedded_gguf)
+    read = sorted(n for n in reads if not n.startswith("_") and not callable(getattr(built, n, None)))
+    assert {"hidden_size", "num_key_value_heads", "rope_parameters", "vocab_size", "eos_token_id"} <= set(read)
+    missing = object()
+    assert {n: getattr(plain, n, missing) for n in read} == {n: getattr(built, n, missing) for n in read}
 
 
 def test_an_edited_file_is_converted_afresh(tmp_path, fresh_cache):

@@ -26,6 +26,19 @@ _DEFAULT_KV_FRACTION = 0.25
 _DEFAULT_KV_CEILING = 4 << 30
 
 
+def check_quantization(name: str | None, group_size: int = 32, model_format: str = "hf") -> None:
+    """`--quantization` and its group size, checked at start (layers/quant/methods.py implements them)."""
+    if name in (None, "none"):
+        return
+    if name not in QUANTIZATION_METHODS:
+        raise ValueError(f"--quantization {name!r} is not supported; choose one of {', '.join(QUANTIZATION_METHODS)}")
+    if name == "int4" and group_size not in GROUP_SIZES:
+        raise ValueError(f"quantization_group_size must be one of {', '.join(map(str, GROUP_SIZES))}; "
+                         f"got {group_size}")
+    if name == "gguf" and model_format != "gguf":
+        raise ValueError("--quantization gguf needs a .gguf model; for a safetensors model use int8 or int4")
+
+
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
@@ -116,7 +129,7 @@ class EngineArgs:
         return cls(**kwargs)
 
     def create_engine_config(self) -> EngineConfig:
-        from tokenmill.model.loader import load_model_config
+        from tokenmill.model.model_config import load_model_config
         from tokenmill.spec_decode.config import check_against_max_model_len, parse_speculative_config
 
         model_config = load_model_config(self)
@@ -255,7 +268,7 @@ def num_experts_of(hf) -> int:
 class ModelConfig:
     model: str                 # the resolved path (folder or .gguf file)
     format: str                # "hf" or "gguf"
-    hf_config: Any             # transformers PretrainedConfig
+    hf_config: Any             # transformers PretrainedConfig (a GGUF file's: a PlainConfig holding its fields)
     tokenizer: str             # folder or .gguf file the tokenizer loads from
     dtype: str                 # "float32" | "bfloat16" | "float16"
     served_model_name: str

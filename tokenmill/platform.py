@@ -5,8 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-
-import torch
+import sys
 
 
 @functools.lru_cache(maxsize=1)
@@ -22,7 +21,24 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def _cpu_only_torch() -> bool:
+    """Whether the installed torch is a CPU-only build (its version ends in +cpu, as the pinned wheel's does)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch").endswith("+cpu")
+    except PackageNotFoundError:
+        return False
+
+
 def device_type() -> str:
+    """The device the engine runs on: cuda where torch sees a GPU. A CPU-only torch build answers without
+    importing torch, which the API server otherwise never needs (importing it is 2-3 s of a cold start)."""
+    if "torch" not in sys.modules and _cpu_only_torch():
+        return "cpu"
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -32,21 +48,23 @@ def cpu_runs_bf16_well() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def default_dtype(device: str) -> torch.dtype:
+def default_dtype(device: str) -> str:
     if device == "cuda":
-        return torch.bfloat16
-    return torch.bfloat16 if cpu_runs_bf16_well() else torch.float32
+        return "bfloat16"
+    return "bfloat16" if cpu_runs_bf16_well() else "float32"
 
 
-def runs_well(dtype: torch.dtype, device: str) -> bool:
-    if device == "cuda" or dtype == torch.float32:
+def runs_well(dtype: str, device: str) -> bool:
+    if device == "cuda" or dtype == "float32":
         return True
-    return dtype == torch.bfloat16 and cpu_runs_bf16_well()
+    return dtype == "bfloat16" and cpu_runs_bf16_well()
 
 
 def available_memory_bytes() -> int:
     """Free memory on the device the KV cache lives on."""
     if device_type() == "cuda":
+        import torch
+
         free, _ = torch.cuda.mem_get_info()
         return int(free)
     try:
@@ -129,6 +147,8 @@ def rank_cpus(cpus: list[int], rank: int, world_size: int) -> list[int]:
 def bind_cpu_threads(cpu_bind: str, cpus: list[int] | None = None) -> str:
     """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
     unpinned); `cpus` is a rank's share when the engine has several. Returns a line for the log."""
+    import torch
+
     if cpus is None:
         cpus = engine_cpus(cpu_bind)
     if cpu_bind == "none":

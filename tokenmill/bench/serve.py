@@ -142,8 +142,8 @@ async def _run(ns) -> dict:
                            ns.vocab_size, num_prefixes=ns.num_prefixes)
     texts = [None] * len(reqs)
     if ns.endpoint == "/v1/chat/completions":
-        from tokenmill.model.loader import load_tokenizer
         from tokenmill.model.source import resolve_model
+        from tokenmill.model.tokenizer import load_tokenizer
 
         tok = load_tokenizer(ns.tokenizer or resolve_model(None).path)
         texts = [tok.decode(r.prompt_token_ids) for r in reqs]

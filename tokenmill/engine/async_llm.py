@@ -19,7 +19,7 @@ from tokenmill.engine.core_client import AsyncMPClient, EngineDeadError
 from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt, child_params
 from tokenmill.engine.messages import EngineCoreOutputs, EngineState
 from tokenmill.engine.output_processor import OutputProcessor
-from tokenmill.model.loader import load_tokenizer
+from tokenmill.model.tokenizer import load_tokenizer
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.utils import init_logger
@@ -77,16 +77,27 @@ class RequestStream:
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig, stat_observers: list[Callable[[EngineCoreOutputs], None]] | None = None,
-                 output_observers: list[Callable[[RequestOutput], None]] | None = None, data_parallel_size: int = 1):
+                 output_observers: list[Callable[[RequestOutput], None]] | None = None, data_parallel_size: int = 1,
+                 launch: bool = False):
+        """`launch`: start the engine core now (`start()` otherwise), so that it loads while this process loads
+        the tokenizer and starts its server (~1-2 s of a cold start)."""
         self.config = config
         self.data_parallel_size = data_parallel_size
-        self.tokenizer = load_tokenizer(config.model_config.tokenizer)
+        self.client: AsyncMPClient | None = None
+        self._launched_at = 0.0
+        if launch:
+            self._launch()
+        try:
+            self.tokenizer = load_tokenizer(config.model_config.tokenizer)
+        except BaseException:
+            if self.client is not None:
+                self.client.shutdown()   # not left waiting for requests (a parallel engine's would block the exit)
+            raise
         self.input_processor = InputProcessor(config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_observers = stat_observers or []
         self.last_scheduler_stats = None   # the engine's latest SchedulerStats (queue, KV usage), for /load
         self.output_observers = output_observers or []
-        self.client: AsyncMPClient | None = None
         self.dead = False
         self._loop_task: asyncio.Task | None = None
         self.on_dead: Callable[[], None] | None = None
@@ -94,19 +105,25 @@ class AsyncLLM:
         self.finish_times: collections.deque[float] = collections.deque(maxlen=256)   # the drain rate
         self._state_waiters: list[tuple[asyncio.Future, list]] = []   # get_state() calls, and the states so far
 
-    async def start(self) -> None:
-        t0 = time.perf_counter()
+    def _launch(self) -> None:
+        self._launched_at = time.perf_counter()
         if self.data_parallel_size > 1:
             from tokenmill.engine.dp_client import DataParallelClient
 
             self.client = DataParallelClient(self.config, self.data_parallel_size)
-            await self.client.wait_ready()
-            logger.info("%d engine cores ready in %.1f s (data parallel; CPUs %s)", self.data_parallel_size,
-                        time.perf_counter() - t0, " | ".join(c.config.cpu_bind for c in self.client.clients))
         else:
             self.client = AsyncMPClient(self.config)
-            await self.client.wait_ready()
-            logger.info("engine core ready in %.1f s", time.perf_counter() - t0)
+
+    async def start(self) -> None:
+        if self.client is None:
+            self._launch()
+        await self.client.wait_ready()
+        seconds = time.perf_counter() - self._launched_at
+        if self.data_parallel_size > 1:
+            logger.info("%d engine cores ready in %.1f s (data parallel; CPUs %s)", self.data_parallel_size,
+                        seconds, " | ".join(c.config.cpu_bind for c in self.client.clients))
+        else:
+            logger.info("engine core ready in %.1f s", seconds)
         self._loop_task = asyncio.create_task(self._output_loop())
 
     @property

@@ -13,7 +13,7 @@ from tokenmill.engine.input_processor import InputProcessor, PromptType, child_p
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import RequestStatus
 from tokenmill.lora.request import LoRARequest, check_lora_request
-from tokenmill.model.loader import load_tokenizer
+from tokenmill.model.tokenizer import load_tokenizer
 from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec_decode.metrics import SpecDecodingTotals

@@ -26,7 +26,7 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 
 def target_shapes(hf_config) -> dict[str, tuple[int, int]]:
     """(in, out) features of each module an adapter may target in this model; the MLP only where it is dense."""
-    from tokenmill.model.llama import head_dim_of
+    from tokenmill.model.model_config import head_dim_of
 
     hidden, hd = hf_config.hidden_size, head_dim_of(hf_config)
     q, kv = hf_config.num_attention_heads * hd, hf_config.num_key_value_heads * hd

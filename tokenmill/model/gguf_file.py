@@ -1,21 +1,15 @@
-"""Read a GGUF file: its metadata as a transformers config, and its tensors dequantized to HF names."""
+"""Read a GGUF file's tensors, dequantized (or kept in their blocks) under HF names; its config: gguf_config.py."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import lru_cache
 
 import numpy as np
 import torch
 
-# GGUF architecture -> (HF architecture, HF model_type)
-_ARCHS = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "mistral": ("MistralForCausalLM", "mistral"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-}
+from tokenmill.model.gguf_config import gguf_architecture, gguf_reader
+
 # llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
 _PERMUTED_QK = {"llama", "mistral"}
 
@@ -26,100 +20,6 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-@lru_cache(maxsize=4)
-def _reader(path: str):
-    import gguf
-
-    return gguf.GGUFReader(path)
-
-
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def gguf_architecture(path: str) -> str:
-    return str(_field(_reader(path), "general.architecture"))
-
-
-def gguf_hf_config(path: str):
-    """The transformers config of a GGUF file: built from its metadata once (parsing the file takes seconds),
-    then read from the start cache as a plain config holding every field the model class set. Why plain: the
-    model-specific classes (LlamaConfig...) import transformers' model-loading machinery and
-    torch.distributed.tensor on the way (~2 s of a cold start, in each process that reads the config); the
-    engine only reads the fields."""
-    import json
-
-    from transformers.configuration_utils import PretrainedConfig
-
-    from tokenmill.model.start_cache import cached_folder
-
-    def build(tmp) -> None:
-        (tmp / "config.json").write_text(json.dumps(_build_hf_config(path).to_dict(), indent=1))
-
-    folder = cached_folder(path, "config-fields", build)  # (the "config" entries held a diff from the defaults)
-    if folder is None:
-        return _build_hf_config(path)
-    fields = json.loads((folder / "config.json").read_text())
-    config = PretrainedConfig.from_dict(fields)
-    for key, value in fields.items():   # (from_dict drops a few generation-time fields, e.g. use_cache)
-        if not hasattr(config, key):
-            setattr(config, key, value)
-    config._name_or_path = ""   # as built: the cache folder is no name of the model
-    return config
-
-
-def typed_hf_config(config):
-    """The model-specific transformers class of a plain config read from the start cache (LlamaConfig...), for
-    what writes an HF folder: a plain config's config.json would lack its model_type."""
-    from transformers import AutoConfig
-    from transformers.configuration_utils import PretrainedConfig
-
-    if type(config) is not PretrainedConfig:
-        return config
-    fields = {k: v for k, v in config.to_dict().items() if k != "model_type"}
-    return AutoConfig.for_model(config.model_type, **fields)
-
-
-def _build_hf_config(path: str):
-    from transformers import AutoConfig
-
-    r = _reader(path)
-    arch = gguf_architecture(path)
-    if arch not in _ARCHS:
-        raise ValueError(f"unknown architecture {arch!r} in {path}; supported GGUF architectures: "
-                         f"{', '.join(sorted(_ARCHS))}")
-    hf_arch, model_type = _ARCHS[arch]
-
-    def g(key, default=None):
-        return _field(r, f"{arch}.{key}", default)
-
-    n_heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
-    tensor_names = {t.name for t in r.tensors}
-    vocab = g("vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
-    kwargs = dict(
-        architectures=[hf_arch], vocab_size=int(vocab), hidden_size=hidden,
-        intermediate_size=int(g("feed_forward_length")), num_hidden_layers=int(g("block_count")),
-        num_attention_heads=n_heads, num_key_value_heads=int(g("attention.head_count_kv", n_heads)),
-        head_dim=int(g("attention.key_length", hidden // n_heads)),
-        max_position_embeddings=int(g("context_length", 2048)),
-        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=_field(r, "tokenizer.ggml.bos_token_id"), eos_token_id=_field(r, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_field(r, "tokenizer.ggml.padding_token_id"),
-    )
-    rope = {"rope_type": "default", "rope_theta": float(g("rope.freq_base", 10000.0))}
-    scaling = g("rope.scaling.type")
-    if scaling in ("linear", "llama3"):
-        rope.update(rope_type=scaling, factor=float(g("rope.scaling.factor", 1.0)))
-    kwargs["rope_parameters"] = rope
-    kwargs["rope_theta"] = rope["rope_theta"]
-    if model_type == "llama":
-        kwargs["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    return AutoConfig.for_model(model_type, **kwargs)
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -146,7 +46,7 @@ def iter_gguf_weights(path: str, hf_config, keep_quantized: bool = False) -> Ite
 
     from tokenmill.model.gguf_blocks import KEPT_TYPES, read_blocks
 
-    r = _reader(path)
+    r = gguf_reader(path)
     arch = gguf_architecture(path)
     for t in r.tensors:
         name = _hf_name(t.name)

@@ -25,16 +25,13 @@ from tokenmill.layers.attention import PagedAttention
 from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
 from tokenmill.layers.quant import UnquantizedMethod
 from tokenmill.layers.rotary import RotaryEmbedding, rope_parameters
+from tokenmill.model.model_config import head_dim_of
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 # checkpoint sub-name -> (fused parameter sub-name, shard index)
 _STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
-
-def head_dim_of(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 def qkv_rank_rows(num_heads: int, num_kv_heads: int, head_dim: int) -> list[tuple[int, int]]:

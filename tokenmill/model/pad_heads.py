@@ -41,9 +41,10 @@ def pad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
 def write_padded_model(out: str | Path, model: str | None = None, heads: int = 16, kv_heads: int = 4) -> Path:
     from safetensors.torch import save_file
 
-    from tokenmill.model.llama import head_dim_of
-    from tokenmill.model.loader import iter_safetensors, load_hf_config, load_tokenizer
+    from tokenmill.model.loader import iter_safetensors
+    from tokenmill.model.model_config import head_dim_of, load_hf_config
     from tokenmill.model.source import resolve_model
+    from tokenmill.model.tokenizer import load_tokenizer
 
     source = resolve_model(model)
     cfg = load_hf_config(source.path, source.format)
@@ -61,7 +62,7 @@ def write_padded_model(out: str | Path, model: str | None = None, heads: int = 1
         padded = pad_attention(*(weights[n].float() for n in names), cfg.num_attention_heads,
                                cfg.num_key_value_heads, heads, kv_heads, head_dim)
         weights.update(zip(names, padded))
-    from tokenmill.model.gguf_file import typed_hf_config
+    from tokenmill.model.gguf_config import typed_hf_config
 
     new_cfg = copy.deepcopy(typed_hf_config(cfg))
     new_cfg.num_attention_heads, new_cfg.num_key_value_heads, new_cfg.head_dim = heads, kv_heads, head_dim

@@ -1,19 +1,18 @@
-"""Maps `architectures` in config.json to the class that runs it."""
+"""Maps `architectures` in config.json to the class that runs it. The map names modules, imported only when a
+model is built: the API server checks the architecture at start without importing torch."""
 
 from __future__ import annotations
 
-from torch import nn
+import importlib
 
-from tokenmill.model.llama import LlamaForCausalLM
-
-_MODELS: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-    "MixtralForCausalLM": LlamaForCausalLM,
-    "Qwen2MoeForCausalLM": LlamaForCausalLM,
-    "Qwen3MoeForCausalLM": LlamaForCausalLM,
+_MODELS: dict[str, str] = {
+    "LlamaForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "Qwen3ForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "MixtralForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "Qwen2MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    "Qwen3MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
 }
 
 
@@ -21,9 +20,15 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def model_class(hf_config) -> type[nn.Module]:
+def model_class_name(hf_config) -> str:
+    """'module:Class' of the config's architecture; an unknown one is a ValueError naming what is supported."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
         if arch in _MODELS:
             return _MODELS[arch]
     raise ValueError(f"unknown architecture {archs or '(none)'}; supported: {', '.join(supported_architectures())}")
+
+
+def model_class(hf_config) -> type:
+    module, _, name = model_class_name(hf_config).partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -12,10 +12,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tokenmill.utils import init_logger
+
+if TYPE_CHECKING:   # the tensors' entries only: the API server reads the tokenizer and config without torch
+    import torch
 
 logger = init_logger(__name__)
 
@@ -73,6 +75,7 @@ def cached_tensors(source: str, what: str, dtype: torch.dtype,
                    convert: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> Iterator[tuple[str, torch.Tensor]]:
     """`convert()`'s (name, tensor) pairs, from a safetensors file of them in `dtype` when one is cached (read
     through a memory map); on a miss they are converted, yielded, and written for the next start."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 

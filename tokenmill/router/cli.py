@@ -148,8 +148,8 @@ def run_router(ns: argparse.Namespace) -> int:
         raise ValueError("give at least one --backend, a --backends-file or --replicas N")
     keyer = None
     if ns.affinity_blocks > 0:
-        from tokenmill.model.loader import load_tokenizer
         from tokenmill.model.source import resolve_model
+        from tokenmill.model.tokenizer import load_tokenizer
 
         keyer = PrefixKeyer(load_tokenizer(resolve_model(ns.model).path), ns.block_size, ns.affinity_blocks)
     pool = BackendPool(backends, ns.health_interval, pairing=pairing)

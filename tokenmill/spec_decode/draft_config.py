@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target_args: EngineArgs) -> ModelConfig:
     from tokenmill.config import EngineArgs
-    from tokenmill.model.loader import load_model_config
+    from tokenmill.model.model_config import load_model_config
 
     if spec.method in ("eagle", "eagle3"):
         return _eagle_head_config(spec, target)
@@ -40,8 +40,7 @@ def _eagle_head_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelCon
     """The head's shape, for its KV cache; it runs in the target's dtype and reads the target's hidden states."""
     from pathlib import Path
 
-    from tokenmill.model.llama import head_dim_of
-    from tokenmill.model.loader import load_hf_config
+    from tokenmill.model.model_config import head_dim_of, load_hf_config
 
     folder = Path(spec.model)
     if not (folder / "config.json").is_file():
@@ -58,7 +57,7 @@ def _eagle_head_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelCon
 
 
 def _check_same_tokenizer(draft_path: str, target_path: str) -> None:
-    from tokenmill.model.loader import load_tokenizer
+    from tokenmill.model.tokenizer import load_tokenizer
 
     try:
         draft_vocab = load_tokenizer(draft_path).get_vocab()

@@ -45,7 +45,7 @@ class StructuredOutputManager:
     def backend(self) -> LLGuidanceBackend:
         with self._lock:
             if self._backend is None:
-                from tokenmill.model.loader import load_tokenizer
+                from tokenmill.model.tokenizer import load_tokenizer
 
                 tokenizer = load_tokenizer(self.model_config.tokenizer)
                 self._backend = LLGuidanceBackend(tokenizer, self.vocab_size, self.model_config.eos_token_ids)

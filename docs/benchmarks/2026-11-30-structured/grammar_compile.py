@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from tokenmill.model.loader import load_tokenizer
 from tokenmill.model.source import embedded_model_path
+from tokenmill.model.tokenizer import load_tokenizer
 from tokenmill.structured_output.backend import LLGuidanceBackend
 from tokenmill.structured_output.grammar_text import validate
 from tokenmill.structured_output.params import StructuredOutputsParams

@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import os
 import signal
+import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -274,14 +275,14 @@ def run_server(ns: argparse.Namespace) -> int:
     """Start the engine core and the API server; returns the process exit code."""
     if ns.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be at least 1, got {ns.data_parallel_size}")
-    import torch
     import uvicorn
 
     from tokenmill.cli.args import engine_args_from
 
-    torch.set_num_threads(1)  # the model's threads belong to the engine-core process
     args = engine_args_from(ns)
-    config = args.create_engine_config()
+    config = args.create_engine_config()   # imports no torch for a GGUF model on a CPU-only torch (~2-3 s)
+    if "torch" in sys.modules:   # a model folder's config class imports it
+        sys.modules["torch"].set_num_threads(1)  # the model's threads belong to the engine-core process
     name = config.model_config.served_model_name
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
     if ns.cost_per_hour is not None and not ns.cost_per_hour >= 0:
@@ -296,15 +297,21 @@ def run_server(ns: argparse.Namespace) -> int:
         tracer = RequestTracer(name, ns.otlp_traces_endpoint)
         observers.append(tracer.record)
         logger.info("tracing: one span per request to %s", ns.otlp_traces_endpoint)
-    engine = AsyncLLM(config, stat_observers=[metrics.record_engine, recent.record_engine],
-                      output_observers=observers, data_parallel_size=ns.data_parallel_size)
     limits = AdmissionLimits(ns.max_waiting_requests, ns.max_queued_tokens, ns.max_concurrent_requests_per_key,
                              ns.request_timeout, ns.cache_salt_by_api_key)
     inputs = InputLimits(ns.max_n, ns.max_logprobs, ns.max_stop_sequences, ns.max_stop_length, ns.max_logit_bias,
                          ns.max_messages, ns.max_prompts, ns.max_request_bytes)
-    app = build_app(engine, metrics, name, api_key, limits, chat_output_options(ns),
-                    Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout), inputs, ns.cost_per_hour, recent,
-                    parse_lora_modules(ns.lora_modules), ns.allow_runtime_lora_updating)
+    options, liveness = chat_output_options(ns), Liveness(ns.engine_stall_timeout, ns.engine_stall_exit_timeout)
+    loras = parse_lora_modules(ns.lora_modules)
+    # every flag is checked by now: the engine core starts loading while this process loads the tokenizer
+    engine = AsyncLLM(config, stat_observers=[metrics.record_engine, recent.record_engine],
+                      output_observers=observers, data_parallel_size=ns.data_parallel_size, launch=True)
+    try:
+        app = build_app(engine, metrics, name, api_key, limits, options, liveness, inputs, ns.cost_per_hour, recent,
+                        loras, ns.allow_runtime_lora_updating)
+    except BaseException:
+        engine.client.shutdown()   # launched above: stop it rather than leave it waiting for requests
+        raise
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                                     timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
 

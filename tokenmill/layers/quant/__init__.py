@@ -1,8 +1,7 @@
 """Weight quantization behind the linear layers' `quant_method` seam (int8, int4, GGUF blocks)."""
 
+from tokenmill.config import GROUP_SIZES, QUANTIZATION_METHODS
 from tokenmill.layers.quant.methods import (
-    GROUP_SIZES,
-    QUANTIZATION_METHODS,
     GGUFMethod,
     Int4Method,
     Int8Method,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tokenmill.config import GROUP_SIZES, QUANTIZATION_METHODS
+from tokenmill.config import GROUP_SIZES, check_quantization
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
 
@@ -101,14 +101,11 @@ class GGUFMethod(UnquantizedMethod):
 
 def get_quant_method(name: str | None, group_size: int = 32, model_format: str = "hf") -> UnquantizedMethod:
     """The method for `--quantization`; unknown names and formats it cannot read fail here, naming the flag."""
-    if name is None or name == "none":
-        return UnquantizedMethod()
+    check_quantization(name, group_size, model_format)
     if name == "int8":
         return Int8Method()
     if name == "int4":
         return Int4Method(group_size)
     if name == "gguf":
-        if model_format != "gguf":
-            raise ValueError("--quantization gguf needs a .gguf model; for a safetensors model use int8 or int4")
         return GGUFMethod()
-    raise ValueError(f"--quantization {name!r} is not supported; choose one of {', '.join(QUANTIZATION_METHODS)}")
+    return UnquantizedMethod()

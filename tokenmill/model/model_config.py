@@ -1,0 +1,88 @@
+"""A model's config, dtype and limits, read without torch: the API server reads them first thing at start, and
+importing torch there would cost it 2-3 s of a cold start that it never needs (the engine core imports torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenmill.model.source import resolve_model
+
+if TYPE_CHECKING:
+    from tokenmill.config import EngineArgs, ModelConfig
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")   # each is torch.<name>
+
+
+def load_hf_config(path: str, fmt: str):
+    if fmt == "gguf":
+        from tokenmill.model.gguf_config import gguf_hf_config
+
+        return gguf_hf_config(path)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"cannot read config.json in {path}: {e}") from e
+
+
+def head_dim_of(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def resolve_dtype(requested: str, hf_config, device: str) -> str:
+    """`--dtype`: a name as given, or for auto the config's own dtype where this device runs it well."""
+    from tokenmill.platform import default_dtype, runs_well
+
+    if requested != "auto":
+        if requested not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPE_NAMES)}; got {requested!r}")
+        return requested
+    # transformers 5 calls it `dtype` (reading `torch_dtype` there only warns); older configs `torch_dtype`
+    cfg_dtype = getattr(hf_config, "dtype", None) if hasattr(hf_config, "dtype") else \
+        getattr(hf_config, "torch_dtype", None)
+    name = cfg_dtype if isinstance(cfg_dtype, str) else str(cfg_dtype).removeprefix("torch.")
+    return name if name in DTYPE_NAMES and runs_well(name, device) else default_dtype(device)
+
+
+def _eos_token_ids(path: str, fmt: str, hf_config) -> tuple[int, ...]:
+    ids: list[int] = []
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    gen = Path(path) / "generation_config.json"
+    if fmt == "hf" and gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for s in sources:
+        for i in (s if isinstance(s, list) else [s]):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+def load_model_config(args: EngineArgs) -> ModelConfig:
+    from tokenmill.config import ModelConfig, check_quantization
+    from tokenmill.model.registry import model_class_name
+    from tokenmill.platform import device_type
+
+    source = resolve_model(args.model)
+    hf_config = load_hf_config(source.path, source.format)
+    model_class_name(hf_config)  # unknown architectures fail here, before anything heavy
+    check_quantization(args.quantization, args.quantization_group_size, source.format)  # bad flags fail here too
+    tokenizer = args.tokenizer or source.path
+    if args.tokenizer and not os.path.exists(args.tokenizer):
+        raise ValueError(f"tokenizer path {args.tokenizer!r} does not exist")
+    return ModelConfig(
+        model=source.path, format=source.format, hf_config=hf_config, tokenizer=tokenizer,
+        dtype=resolve_dtype(args.dtype, hf_config, device_type()),
+        served_model_name=args.served_model_name or source.name,
+        max_model_len=model_max_len(hf_config),
+        num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
+        head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
+        quantization=args.quantization, quantization_group_size=args.quantization_group_size)
+
+
+def model_max_len(hf_config) -> int:
+    """The model's own limit; a sliding window does not cap it (those layers attend their last `window` tokens)."""
+    return int(getattr(hf_config, "max_position_embeddings", 2048))
