@@ -6,6 +6,7 @@ hanging."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -164,8 +165,10 @@ def test_a_rollout_swap_under_steady_load_fails_no_request(cluster):
 
 def test_a_killed_replica_costs_no_request(cluster):
     """Non-streamed requests spread over two replicas; one is SIGKILLed mid-load: the ones it held are retried
-    on the other (nothing had reached their clients yet), so every request is answered."""
+    on the other (nothing had reached their clients yet), so every request is answered; and the killed replica's
+    engine core (forked from its fork server, so not its child) stops rather than living on."""
     router, (_, other) = cluster.router, cluster.in_rotation()
+    engine = other.engine_pid()
     results: list[int] = []
 
     def send(i: int) -> None:
@@ -184,6 +187,18 @@ def test_a_killed_replica_costs_no_request(cluster):
     other.stop()
     assert results == [200] * 12, results
     assert _metric(router.url, "tokenmill_router:retries_total") >= 1
+    deadline = time.time() + 30
+    while os.path.exists(f"/proc/{engine}") and _state(engine) != "Z" and time.time() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{engine}") or _state(engine) == "Z", "the engine core outlived its server"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def test_no_live_replica_is_a_503_with_retry_after():

@@ -32,8 +32,19 @@ class EngineDeadError(RuntimeError):
     pass
 
 
-def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> None:
-    """Entry point of the engine-core process: load the model, then the busy loop."""
+def _watch_process(pid: int | None):
+    """A file descriptor that polls readable once process `pid` has exited (Linux pidfd), else None."""
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:   # gone already, or a kernel without pidfds: the parent check still runs
+        return None
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api_pid: int | None = None) -> None:
+    """Entry point of the engine-core process: load the model, then the busy loop. It stops when the API
+    server (`api_pid`) exits, even killed: forked from a fork server, its parent is that server, not the API."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API server decides when the engine stops
     from tokenmill.engine.engine_core import EngineCore
 
@@ -50,6 +61,9 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
     parent = os.getppid()
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
+    api_exit = _watch_process(api_pid)
+    if api_exit is not None:
+        poller.register(api_exit, zmq.POLLIN)
     kv_socket = core.kv_connector.socket if core.kv_connector is not None else None
     if kv_socket is not None:   # a prefill instance wakes for KV pulls as for requests
         poller.register(kv_socket, zmq.POLLIN)
@@ -62,6 +76,9 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
             errors: dict[str, str] = {}
             had_input = state_asked = False
             ready = dict(poller.poll(0 if busy else _IDLE_POLL_MS))
+            if api_exit is not None and api_exit in ready:
+                logger.error("the API server process exited: stopping the engine")
+                return
             if kv_socket is not None and kv_socket in ready:
                 core.serve_kv()
             if inp in ready:
@@ -98,6 +115,8 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
                     state=core.snapshot() if state_asked else None))])
     finally:
         core.shutdown()
+        if api_exit is not None:
+            os.close(api_exit)
         inp.close(linger=0)
         out.close(linger=0)
         ctx.term()
@@ -119,7 +138,7 @@ class AsyncMPClient:
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         mp = engine_process_context()
-        self.proc = mp.Process(target=run_engine_core, args=(config, self.input_addr, self.output_addr),
+        self.proc = mp.Process(target=run_engine_core, args=(config, self.input_addr, self.output_addr, os.getpid()),
                                name="tokenmill-engine-core",
                                # a daemon may not start processes: the ranks of a parallel engine are its children
                                daemon=config.parallel_config.world_size == 1)
