@@ -20,6 +20,9 @@ def prestart_engine_process(model: str | None = None) -> None:
     global _prestarted
     from multiprocessing import forkserver
 
+    if _prestarted:
+        return
+
     folder = model is not None and not model.endswith(".gguf")
     preload = (["transformers", "transformers.models.llama.configuration_llama"] if folder else []) + PRELOAD
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
