@@ -16,8 +16,8 @@ import time
 import urllib.request
 
 
-def one_start(tokenmill: str, cache_dir: str, port: int = 8311) -> tuple[float, list[str]]:
-    env = {**os.environ, "TOKENMILL_CACHE_DIR": cache_dir}
+def one_start(tokenmill: str, cache_dir: str, port: int = 8311, env: dict | None = None) -> tuple[float, list[str]]:
+    env = {**os.environ, "TOKENMILL_CACHE_DIR": cache_dir, **(env or {})}
     t0 = time.monotonic()
     p = subprocess.Popen([tokenmill, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
