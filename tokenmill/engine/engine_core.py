@@ -45,7 +45,7 @@ def validate_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, executor: Executor | None = None, preload_grammar: bool = False):
+    def __init__(self, config: EngineConfig, executor: Executor | None = None):
         from tokenmill.structured_output.manager import StructuredOutputManager
 
         self.config = config
@@ -75,8 +75,6 @@ class EngineCore:
                 raise ValueError("kv_transfer_config needs the model in the engine process (one rank)")
             self.kv_connector = KVConnector(config.kv_transfer_config, config, self.scheduler.kv_cache_manager.pool,
                                             runner)
-        if preload_grammar:
-            self.structured_output.preload()
 
     def _warm_up(self) -> None:
         """One short request through the whole step, so lazy initialisation (thread pools, kernel primitives) is
