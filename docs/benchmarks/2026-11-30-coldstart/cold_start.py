@@ -16,19 +16,24 @@ import time
 import urllib.request
 
 
+def wait_healthy(p: subprocess.Popen, port: int) -> None:
+    """Until /health on `port` answers 200; a server that exits first raises with its output."""
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return
+        except OSError:
+            if p.poll() is not None:
+                raise RuntimeError(p.stdout.read() if p.stdout else "the server exited during start-up") from None
+            time.sleep(0.05)
+
+
 def one_start(tokenmill: str, cache_dir: str, port: int = 8311, env: dict | None = None) -> tuple[float, list[str]]:
     env = {**os.environ, "TOKENMILL_CACHE_DIR": cache_dir, **(env or {})}
     t0 = time.monotonic()
     p = subprocess.Popen([tokenmill, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            break
-        except OSError:
-            if p.poll() is not None:
-                raise RuntimeError(p.stdout.read()) from None
-            time.sleep(0.05)
+    wait_healthy(p, port)
     seconds = time.monotonic() - t0
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=120)

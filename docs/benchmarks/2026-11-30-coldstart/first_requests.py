@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cold_start import wait_healthy  # noqa: E402
 
 
 def complete(port: int) -> float:
@@ -32,14 +37,7 @@ def main() -> None:
         p = subprocess.Popen([ns.tokenmill, "serve", "--port", str(ns.port)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         t0 = time.monotonic()
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{ns.port}/health", timeout=1)
-                break
-            except OSError:
-                if p.poll() is not None:
-                    raise SystemExit("the server exited during start-up") from None
-                time.sleep(0.05)
+        wait_healthy(p, ns.port)
         ready = time.monotonic() - t0
         first, second = complete(ns.port), complete(ns.port)
         time.sleep(5)

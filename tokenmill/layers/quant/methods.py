@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tokenmill.config import GROUP_SIZES, check_quantization
+from tokenmill.config import check_quantization
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
 
@@ -67,10 +67,7 @@ class Int4Method(UnquantizedMethod):
     name = "int4"
 
     def __init__(self, group_size: int):
-        if group_size not in GROUP_SIZES:
-            raise ValueError(f"quantization_group_size must be one of {', '.join(map(str, GROUP_SIZES))}; "
-                             f"got {group_size}")
-        self.group_size = group_size
+        self.group_size = group_size   # one of GROUP_SIZES: config.check_quantization, via get_quant_method
 
     def make_kernel(self, layer_name, weight, bias, quantized):
         k = weight.shape[1]
