@@ -64,7 +64,6 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
     api_exit = _watch_process(api_pid)
     if api_exit is not None:
         poller.register(api_exit, zmq.POLLIN)
-    grammar_preload_pending = True
     kv_socket = core.kv_connector.socket if core.kv_connector is not None else None
     if kv_socket is not None:   # a prefill instance wakes for KV pulls as for requests
         poller.register(kv_socket, zmq.POLLIN)
@@ -80,12 +79,6 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
             if api_exit is not None and api_exit in ready:
                 logger.error("the API server process exited: stopping the engine")
                 return
-            if grammar_preload_pending and not busy and not ready:
-                # a whole idle poll with no work: load the grammar backend now, on a thread, so the first
-                # constrained request need not. Not at ready: it holds the GIL for seconds (transformers'
-                # tokenizer, llguidance's vocabulary tables) and made the first requests after start 2-4x slower.
-                core.structured_output.preload()
-                grammar_preload_pending = False
             if kv_socket is not None and kv_socket in ready:
                 core.serve_kv()
             if inp in ready:

@@ -37,12 +37,10 @@ class StructuredOutputManager:
         self._lock = threading.Lock()
         self._compiler: ThreadPoolExecutor | None = None
 
-    def preload(self) -> None:
-        """Load the tokenizer and build llguidance's token trie on a thread, so the first constrained request of
-        a server does not wait for it (the engine-core process has no tokenizer of its own)."""
-        threading.Thread(target=self.backend, name="grammar-tokenizer", daemon=True).start()
-
     def backend(self) -> LLGuidanceBackend:
+        """Built by the first constrained request's compile, on the compile thread (as vLLM does, lazily): built
+        at start it held the GIL for seconds (transformers' tokenizer, llguidance's vocabulary tables) and made
+        the requests around it 2-4x slower, whether or not anyone asked for a grammar."""
         with self._lock:
             if self._backend is None:
                 from tokenmill.model.tokenizer import load_tokenizer
