@@ -117,8 +117,9 @@ class EngineArgs:
     max_loras: int = _arg(1, "Adapters that one engine step can run (their weights are stacked in slots).")
     max_lora_rank: int = _arg(16, "Largest adapter rank accepted; every slot is this wide.")
     max_cpu_loras: int | None = _arg(None, "Adapters kept loaded in memory, in slots or not (default: max_loras).")
-    enforce_eager: bool = _arg(False, "Accepted for vLLM compatibility: tokenmill always runs eagerly (its fused "
-                                      "native kernels do what a compiled graph would).")
+    enforce_eager: bool = _arg(False, "Run every step through the Python layers: no native decoder stack (the "
+                                      "CPU's counterpart of a CUDA graph, which decode steps otherwise run as one "
+                                      "native call).")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -279,6 +280,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     quantization: str | None = None
     quantization_group_size: int = 32
+    enforce_eager: bool = False   # no native decoder stack: every layer through Python
 
     def kv_bytes_per_token(self, cache_dtype: str = "auto") -> int:
         itemsize = KV_CACHE_DTYPES.get(cache_dtype) or (4 if self.dtype == "float32" else 2)

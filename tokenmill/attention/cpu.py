@@ -81,6 +81,14 @@ class CpuPagedBackend(AttentionBackend):
                 amx_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
+    def kernel_only_rows(self, md: AttentionMetadata, block_size: int) -> torch.Tensor | None:
+        """The rows of a step of full attention that the paged kernel attends whole, when it takes every row (no
+        prompt for SDPA or AMX tiles, no shared prefix): what a native decoder stack may call it with."""
+        plan = md.backend_plan.get(self.name)
+        if plan is None:
+            plan = md.backend_plan[self.name] = self._plan(md, block_size)
+        return None if plan.prefix is not None or plan.sdpa_rows else plan.kernel_rows
+
     def _amx_takes(self, q: torch.Tensor) -> bool:
         """The AMX attention kernel's domain: bf16, head_dim 64, on a CPU with AMX."""
         return self._amx and q.dtype == torch.bfloat16 and q.shape[2] == 64

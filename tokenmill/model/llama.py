@@ -26,6 +26,7 @@ from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
 from tokenmill.layers.quant import UnquantizedMethod
 from tokenmill.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.model.model_config import head_dim_of
+from tokenmill.model.native_stack import NativeDecoderStack
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -187,11 +188,17 @@ class LlamaModel(nn.Module):
         # an EAGLE-3 head reads the residual stream entering these layers (vLLM's aux hidden states)
         self.aux_hidden_state_layers: tuple[int, ...] = ()
         self.aux_hidden_states: dict[int, torch.Tensor] = {}
+        self.native_stack: NativeDecoderStack | None = NativeDecoderStack(self)  # None: --enforce-eager
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
                 intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Hidden states after the final norm; on a pipeline stage before the last, the (x, residual) pair that
         the next stage continues from (`intermediate` is what a later stage received)."""
+        if intermediate is None and self.native_stack is not None:
+            out = self.native_stack.forward(input_ids, positions, md)
+            if out is not None:   # (a step with auxiliary hidden states to keep never gets here)
+                self.aux_hidden_states = {}
+                return out
         x, residual = intermediate if intermediate is not None else (self.embed_tokens(input_ids), None)
         aux = {}
         for i in self.stage:
@@ -233,6 +240,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.quantized = None
         else:
             self.logits_head = self.lm_head.kernel
+
+    def set_enforce_eager(self, eager: bool) -> None:
+        """--enforce-eager: every step through the Python layers, none through the native decoder stack."""
+        self.model.native_stack = None if eager else NativeDecoderStack(self.model)
 
     def attach_quant_method(self, method) -> None:
         """Every linear layer takes `method`; the lm head takes the method's choice for heads."""

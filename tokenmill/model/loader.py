@@ -64,6 +64,8 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
         model.load_weights(weights)
         model.process_weights_after_loading()
     model.eval()
+    if hasattr(model, "set_enforce_eager"):
+        model.set_enforce_eager(model_config.enforce_eager)
     logger.info("loaded %s in %s%s on %s in %.1f s: %s of linear weights", type(model).__name__, model_config.dtype,
                 f", weights {model_config.quantization}" if model_config.quantization else "", device,
                 time.perf_counter() - t0, format_bytes(linear_weight_bytes(model)))

@@ -80,7 +80,8 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         max_model_len=model_max_len(hf_config),
         num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
         head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
-        quantization=args.quantization, quantization_group_size=args.quantization_group_size)
+        quantization=args.quantization, quantization_group_size=args.quantization_group_size,
+        enforce_eager=args.enforce_eager)
 
 
 def model_max_len(hf_config) -> int:

@@ -22,7 +22,8 @@ def load_draft_model_config(spec: SpeculativeConfig, target: ModelConfig, target
                          "exactly what the target says at the same cost; set \"quantization\": \"int4\" or \"gguf\" "
                          "(the self-draft), or name a smaller \"model\"")
     args = EngineArgs(model=spec.model if spec.model is not None else target_args.model, dtype=target.dtype,
-                      quantization=spec.quantization, quantization_group_size=spec.quantization_group_size)
+                      quantization=spec.quantization, quantization_group_size=spec.quantization_group_size,
+                      enforce_eager=target.enforce_eager)
     try:
         draft = load_model_config(args)
     except ValueError as e:

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <cmath>
 #include <cstdint>
@@ -252,6 +253,19 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
 }
 
 }  // namespace
+
+namespace tokenmill_native {
+void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& w, double eps) { ::rms_norm(out, x, w, eps); }
+void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double eps) {
+  ::add_rms_norm(x, residual, w, eps);
+}
+void silu_and_mul(at::Tensor out, const at::Tensor& x) { ::silu_and_mul(out, x); }
+void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                    const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
+                    int64_t hq, int64_t hkv, double k_scale, double v_scale) {
+  ::rope_and_cache(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, k_scale, v_scale);
+}
+}  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor w, float eps) -> ()");

@@ -12,6 +12,7 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <algorithm>
 #include <bit>
@@ -575,6 +576,16 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 }
 
 }  // namespace
+
+namespace tokenmill_native {
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                     const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
+                     double k_scale, double v_scale, int64_t window, bool amx) {
+  ::paged_attention(out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, rows, scale, start_block, lse,
+                    k_scale, v_scale, window, amx);
+}
+}  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "

@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -301,6 +302,16 @@ at::Tensor quant_dequantize_t(const at::Tensor& q, const at::Tensor& scale, cons
 }
 
 }  // namespace
+
+#if defined(__AVX512VNNI__)
+namespace tokenmill_native {
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                      const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                      int64_t group, int64_t n) {
+  return ::quant_gemm(x, q, scale, min, bias, bits, group, n);
+}
+}  // namespace tokenmill_native
+#endif
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
 #if defined(__AVX512VNNI__)

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -285,6 +286,17 @@ at::Tensor amx_gemm(const at::Tensor&, const at::Tensor&, const c10::optional<at
 #endif
 
 }  // namespace
+
+namespace tokenmill_native {
+at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                             int64_t n) {
+  return ::tiled_skinny_gemm(x, packed, bias, n);
+}
+at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t n,
+                    bool gated) {
+  return ::amx_gemm(x, packed, bias, n, gated);
+}
+}  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("amx_available() -> bool");

@@ -1,0 +1,86 @@
+"""The native decoder stack (model/native_stack.py) against the Python layers it stands in for: in one engine,
+the same requests with the stack off and on give the same tokens and bit-identical logprobs (it calls the same
+kernels in the same order), and the stack really ran the decode steps; models and modes it cannot take fall back
+to the Python layers; --enforce-eager turns it off."""
+
+from __future__ import annotations
+
+import pytest
+
+import tokenmill.kernels as kernels
+from tokenmill import LLM, SamplingParams
+from tokenmill.model.native_stack import NativeDecoderStack, _stack_class
+
+pytestmark = pytest.mark.skipif(_stack_class() is None,
+                                reason="the native decoder stack needs the AVX-512 BF16 kernels")
+
+# prompts of different lengths (so decode steps mix sequence lengths), one with a repeated pattern for n-gram drafts
+PROMPTS = [{"prompt_token_ids": [(97 * i + 13 * j) % 49000 + 10 for j in range(n)]}
+           for i, n in enumerate((5, 23, 40))]
+PROMPTS.append({"prompt_token_ids": [101, 202, 303, 404] * 6})
+
+
+def _model(llm: LLM):
+    return llm.engine_core.executor.runner.model.model
+
+
+@pytest.fixture
+def stack_calls(monkeypatch):
+    """Each call of the stack: True where it ran the step, False where it left it to the Python layers."""
+    calls: list[bool] = []
+    original = NativeDecoderStack.forward
+
+    def counting(self, *args):
+        out = original(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(NativeDecoderStack, "forward", counting)
+    return calls
+
+
+def _off_then_on(llm: LLM, max_tokens: int = 20):
+    """The same requests with the stack off, then on: (tokens, logprobs) of each run."""
+    model = _model(llm)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=3)
+    runs = []
+    for stack in (None, NativeDecoderStack(model)):
+        model.native_stack = stack
+        outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+        runs.append(([o.outputs[0].token_ids for o in outs], [o.outputs[0].logprobs for o in outs]))
+    return runs
+
+
+@pytest.mark.parametrize("family,kwargs", [
+    ("llama", {}),                                   # GQA, untied head, llama3 rope scaling
+    ("qwen2", {}),                                   # q/k/v bias, tied head
+    ("llama", {"quantization": "int8"}),
+    ("llama", {"quantization": "int4"}),
+    ("llama", {"kv_cache_dtype": "int8"}),           # scales calibrated at the first step, before the stack is built
+    ("llama", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}}),
+])
+def test_stack_matches_python_layers_bit_for_bit(tiny_model_dir, stack_calls, family, kwargs):
+    if kwargs.get("quantization") and not kernels.quant_kernels_available():
+        pytest.skip("the quantized kernels need AVX-512 VNNI")
+    llm = LLM(str(tiny_model_dir(family)), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,
+              **kwargs)
+    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm)
+    assert stack_tokens == eager_tokens
+    assert stack_logprobs == eager_logprobs   # exact: the same kernels on the same inputs
+    assert sum(stack_calls) >= 15, stack_calls   # the decode steps ran natively
+    assert not all(stack_calls)                  # the prompt steps did not
+
+
+@pytest.mark.parametrize("family,kwargs", [("qwen3", {}), ("mistral_window", {}), ("llama", {"dtype": "float32"})])
+def test_models_it_cannot_take_run_the_python_layers(tiny_model_dir, stack_calls, family, kwargs):
+    """q/k norms, sliding windows, fp32 (the torch kernels): the stack declines once and is not asked again."""
+    llm = LLM(str(tiny_model_dir(family)), **{"dtype": "bfloat16", "kv_cache_memory": "32MiB", **kwargs})
+    llm.generate(PROMPTS[:2], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert _model(llm).native_stack.unavailable
+    assert not any(stack_calls)
+
+
+def test_enforce_eager_turns_the_stack_off(tiny_model_dir):
+    folder = str(tiny_model_dir("llama"))
+    assert _model(LLM(folder, dtype="bfloat16", kv_cache_memory="16MiB", enforce_eager=True)).native_stack is None
+    assert _model(LLM(folder, dtype="bfloat16", kv_cache_memory="16MiB")).native_stack is not None

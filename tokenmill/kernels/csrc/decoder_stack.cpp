@@ -1,0 +1,147 @@
+// A Llama-family decoder's layers as one native call, for steps whose work is all decode-sized (model/
+// native_stack.py decides which). Eager Python spends ~6 ms of a batch-1 step of SmolLM2 (30 layers, ~40 torch
+// calls each) between kernels; this loop calls the same kernels, in the same order, on the same tensors, so its
+// output is bit for bit the Python path's. It is the CPU's counterpart of a captured CUDA graph, and
+// --enforce-eager turns it off as it turns graphs off in vLLM.
+//
+// Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
+// gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
+// A linear is either the AMX tile layout (skinny kernel up to 4 rows, AMX matmul up to tile_max_rows) or a
+// quantized weight (VNNI kernel); the caller only sends steps whose row count every linear takes this way.
+
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "native_ops.h"
+
+#if defined(__AVX512BF16__)
+
+namespace {
+
+constexpr int64_t kSkinnyMaxRows = 4;  // = SKINNY_MAX_ROWS of layers/linear.py
+
+struct StackLinear {
+  bool quantized = false;
+  at::Tensor w;                 // AMX tiles, or the packed quantized bytes
+  at::Tensor scale;             // quantized: per-group scales
+  c10::optional<at::Tensor> min, bias;
+  int64_t n = 0, tile_max_rows = 0, bits = 0, group = 0;
+  bool gated_on_amx = false;    // gate/up whose AMX matmul can write silu(gate) * up itself
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    const int64_t rows = x.size(0);
+    if (quantized) {
+#if defined(__AVX512VNNI__)
+      return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);
+#else
+      TORCH_CHECK(false, "decoder stack: quantized linears need AVX-512 VNNI");
+#endif
+    }
+    TORCH_CHECK(rows <= tile_max_rows, "decoder stack: ", rows, " rows exceed this linear's tile path");
+    if (rows <= kSkinnyMaxRows) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
+    return tokenmill_native::amx_gemm(x, w, bias, n, false);
+  }
+};
+
+struct StackLayer {
+  at::Tensor input_norm, post_norm, k_cache, v_cache;
+  double k_scale = 1.0, v_scale = 1.0;
+  std::vector<StackLinear> linears;  // qkv, o, gate_up, down
+};
+
+struct DecoderStack : torch::CustomClassHolder {
+  int64_t hq, hkv, head_dim;
+  double eps, scale;
+  at::Tensor cos, sin, final_norm;
+  std::vector<StackLayer> layers;
+
+  DecoderStack(int64_t hq, int64_t hkv, int64_t head_dim, double eps, double scale, at::Tensor cos, at::Tensor sin,
+               at::Tensor final_norm)
+      : hq(hq), hkv(hkv), head_dim(head_dim), eps(eps), scale(scale), cos(std::move(cos)), sin(std::move(sin)),
+        final_norm(std::move(final_norm)) {}
+
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, at::Tensor k_cache, at::Tensor v_cache, double k_scale,
+                 double v_scale) {
+    layers.push_back(StackLayer{std::move(input_norm), std::move(post_norm), std::move(k_cache), std::move(v_cache),
+                                k_scale, v_scale, {}});
+  }
+
+  // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight.
+  void add_linear(int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale_, c10::optional<at::Tensor> min,
+                  c10::optional<at::Tensor> bias, int64_t n, int64_t tile_max_rows, int64_t bits, int64_t group,
+                  bool gated_on_amx) {
+    TORCH_CHECK(!layers.empty() && layers.back().linears.size() < 4, "decoder stack: add_layer first, 4 linears each");
+    StackLinear l;
+    l.quantized = kind == 1;
+    l.w = std::move(w);
+    if (scale_.has_value()) l.scale = *scale_;
+    l.min = std::move(min);
+    l.bias = std::move(bias);
+    l.n = n;
+    l.tile_max_rows = tile_max_rows;
+    l.bits = bits;
+    l.group = group;
+    l.gated_on_amx = gated_on_amx;
+    layers.back().linears.push_back(std::move(l));
+  }
+
+  at::Tensor mlp(const StackLayer& layer, const at::Tensor& x) const {
+    const StackLinear& gate_up = layer.linears[2];
+    at::Tensor h;
+    if (!gate_up.quantized && gate_up.gated_on_amx && x.size(0) > kSkinnyMaxRows) {
+      h = tokenmill_native::amx_gemm(x, gate_up.w, gate_up.bias, gate_up.n, true);
+    } else {
+      const at::Tensor gu = gate_up(x);
+      h = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
+      tokenmill_native::silu_and_mul(h, gu);
+    }
+    return layer.linears[3](h);
+  }
+
+  // x: the embedded tokens [T, H] (its rows become the residual stream); returns the final norm's output.
+  // rows, block_table ... decode_amx: what the CPU backend passes the paged-attention kernel for this step.
+  at::Tensor forward(at::Tensor x, at::Tensor positions, at::Tensor slot_mapping, at::Tensor block_table,
+                     at::Tensor seq_lens, at::Tensor query_start_loc, at::Tensor rows, bool decode_amx) {
+    TORCH_CHECK(!layers.empty() && layers.back().linears.size() == 4, "decoder stack: incomplete");
+    const int64_t tokens = x.size(0);
+    at::Tensor residual;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const StackLayer& layer = layers[i];
+      if (i == 0) {
+        residual = x;
+        x = at::empty_like(residual);
+        tokenmill_native::rms_norm(x, residual, layer.input_norm, eps);
+      } else {
+        tokenmill_native::add_rms_norm(x, residual, layer.input_norm, eps);
+      }
+      at::Tensor qkv = layer.linears[0](x);
+      at::Tensor q = at::empty({tokens, hq, head_dim}, qkv.options());
+      tokenmill_native::rope_and_cache(q, qkv, positions, cos, sin, layer.k_cache, layer.v_cache, slot_mapping, hq,
+                                       hkv, layer.k_scale, layer.v_scale);
+      at::Tensor attn = at::empty_like(q);
+      tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens,
+                                        query_start_loc, rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale, 0,
+                                        decode_amx);
+      x = layer.linears[1](attn.view({tokens, hq * head_dim}));
+      tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
+      x = mlp(layer, x);
+    }
+    tokenmill_native::add_rms_norm(x, residual, final_norm, eps);
+    return x;
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+  m.class_<DecoderStack>("DecoderStack")
+      .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("add_linear", &DecoderStack::add_linear)
+      .def("forward", &DecoderStack::forward);
+}
+
+#endif

@@ -1,0 +1,127 @@
+"""A Llama-family decoder's layers as one native call (kernels/csrc/decoder_stack.cpp) for decode-sized steps.
+
+Eager Python spends ~6 ms of each batch-1 step of the embedded model between kernels (30 layers, ~40 torch
+calls each); the native loop calls the same kernels in the same order, so its output is the Python path's bit for
+bit, and the Python path stays the reference that every other case takes: prompts and chunks (attention through
+SDPA or AMX tiles), a shared-prefix (cascade) step, batches past a linear's tile path, LoRA, tensor or pipeline
+parallel, EAGLE's auxiliary hidden states, sliding windows, KV scales still to calibrate, the torch kernels.
+It is the CPU's counterpart of a captured CUDA graph; `--enforce-eager` turns it off, as it turns graphs off in
+vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenmill.attention.backend import AttentionMetadata
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
+
+_TILES, _QUANTIZED = 0, 1
+
+
+def _stack_class():
+    from tokenmill.kernels.build import load_cpu_kernels
+
+    if not load_cpu_kernels():
+        return None
+    try:
+        return torch.classes.tokenmill.DecoderStack
+    except (AttributeError, RuntimeError):   # kernels not built, or built without AVX-512 BF16
+        return None
+
+
+def _linear_spec(linear) -> tuple | None:
+    """The native loop's description of one linear layer, with the most rows it takes; None where it cannot."""
+    from tokenmill.layers.linear import PackedWeight
+    from tokenmill.layers.quant.kernel import VNNI_MAX_ROWS, QuantLinearKernel
+
+    if linear.lora is not None or linear.parallel is not None:
+        return None
+    k = linear.kernel
+    if isinstance(k, PackedWeight) and k.tiles is not None:
+        return (_TILES, k.tiles, None, None, k.bias, k.out_features, k.tile_max_rows, 0, 0,
+                k.gated_on_amx), k.tile_max_rows
+    if isinstance(k, QuantLinearKernel) and k.native and hasattr(torch.ops.tokenmill, "quant_gemm"):
+        return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, 0, k.bits, k.group,
+                False), VNNI_MAX_ROWS
+    return None
+
+
+def _layer_fits(layer) -> bool:
+    """A decoder layer whose Python path the native loop mirrors: the fused rope-and-cache attention on the CPU
+    backend with full attention, a dense SiLU MLP, the native norms."""
+    from tokenmill.attention.cpu import CpuPagedBackend
+    from tokenmill.model.llama import LlamaDecoderLayer, LlamaMLP
+
+    if not isinstance(layer, LlamaDecoderLayer):
+        return False
+    a = layer.self_attn
+    return (a.native and a.attn.sliding_window == 0 and isinstance(a.attn.backend, CpuPagedBackend)
+            and isinstance(layer.mlp, LlamaMLP) and layer.mlp.native
+            and layer.input_layernorm.native and layer.post_attention_layernorm.native)
+
+
+class NativeDecoderStack:
+    """Built once the KV caches are bound (lazily, at the first step); `forward` answers None for a step it
+    does not take, and the caller runs the Python layers."""
+
+    def __init__(self, model):
+        self.model = model          # the LlamaModel
+        self.stack = None
+        self.max_rows = 0
+        self.cache = None           # the first layer's KV cache the stack was built with (rebound: rebuilt)
+        self.unavailable = False    # some layer can never take the native loop: stop asking
+
+    def _build(self) -> None:
+        m, cls = self.model, _stack_class()
+        layers = [m.layers[i] for i in m.stage]
+        if cls is None or m.norm is None or not m.norm.native or not layers or len(layers) != len(m.layers) \
+                or not all(_layer_fits(layer) for layer in layers):
+            self.unavailable = True
+            return
+        attns = [layer.self_attn for layer in layers]
+        if any(a.attn.kv_cache is None or a.attn.calibrate for a in attns):
+            return   # not yet: try again at the next step
+        first = attns[0]
+        specs = []
+        for layer in layers:
+            linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            layer_specs = [_linear_spec(lin) for lin in linears]
+            if any(s is None for s in layer_specs):
+                self.unavailable = True
+                return
+            specs.append(layer_specs)
+        stack = cls(first.num_heads, first.num_kv_heads, first.head_dim, float(m.norm.eps), float(first.attn.scale),
+                    m.rotary.cos, m.rotary.sin, m.norm.weight.detach())
+        for layer, layer_specs in zip(layers, specs):
+            a = layer.self_attn.attn
+            stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                            a.kv_cache[0], a.kv_cache[1], float(a.k_scale), float(a.v_scale))
+            for spec, _ in layer_specs:
+                stack.add_linear(*spec)
+        self.stack = stack
+        self.max_rows = min(rows for layer_specs in specs for _, rows in layer_specs)
+        self.cache = first.attn.kv_cache
+        self.backend = first.attn.backend
+        logger.info("decode steps of up to %d tokens run the %d layers as one native call", self.max_rows,
+                    len(layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor | None:
+        """The final norm's output for this step, or None where the Python layers must run it."""
+        m = self.model
+        if self.unavailable or input_ids.dim() != 1 or m.aux_hidden_state_layers:
+            return None
+        if self.stack is None or m.layers[m.stage[0]].self_attn.attn.kv_cache is not self.cache:
+            self.stack = None
+            self._build()
+            if self.stack is None:
+                return None
+        if input_ids.shape[0] > self.max_rows:
+            return None
+        rows = self.backend.kernel_only_rows(md, self.cache.shape[2])
+        if rows is None:
+            return None
+        return self.stack.forward(m.embed_tokens(input_ids), positions, md.slot_mapping, md.block_table,
+                                  md.seq_lens, md.query_start_loc, rows, bool(self.backend.decode_amx))
