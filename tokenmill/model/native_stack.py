@@ -11,6 +11,8 @@ vLLM.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from tokenmill.attention.backend import AttentionMetadata
@@ -68,7 +70,7 @@ class NativeDecoderStack:
     does not take, and the caller runs the Python layers."""
 
     def __init__(self, model):
-        self.model = model          # the LlamaModel
+        self.model = weakref.proxy(model)   # the LlamaModel, which holds this (no cycle to keep it alive)
         self.stack = None
         self.max_rows = 0
         self.cache = None           # the first layer's KV cache the stack was built with (rebound: rebuilt)
