@@ -12,24 +12,7 @@ PY=/tmp/peers/vllmcpu/bin/python
 export HF_HUB_OFFLINE=1
 cd $ROOT
 
-# --no-repack: this build's AMX matmul (ggml_backend_amx_mul_mat) dies of a general protection fault on this host
-# at the first forward; without repacking llama.cpp runs its AVX-512/VNNI vector path, as on CPUs without AMX.
-llama_up() {  # slots, context per slot, label
-  (cd $PEERS && NP=$1 CTX_PER_SLOT=$2 PORT=8080 ./serve_llamacpp.sh --no-repack > $B/llamacpp_$3.log 2>&1) &
-  until curl -sf localhost:8080/health > /dev/null; do sleep 0.3; done
-}
-llama_down() { pkill -TERM -f llama-server; sleep 2; }
-tm_up() {  # label, tokenmill serve flags...
-  local label=$1; shift
-  $TM serve --port 8100 "$@" > $B/serve_$label.log 2>&1 &
-  TMPID=$!
-  until curl -sf localhost:8100/health > /dev/null; do sleep 0.3; done
-}
-tm_down() { kill -TERM $TMPID; wait $TMPID; }
-w2() {  # port, label: one streamed request, 128 in / 256 out (serve_client.py, as in earlier runs)
-  (cd $PEERS && PEERS_RESULTS=$B/w2_serve.jsonl $PY serve_client.py --port $1 --workload W2 --engine "$2" \
-     > $B/w2_$2.log 2>&1)
-}
+source $ROOT/docs/benchmarks/servers.sh   # llama_up, llama_down, tm_up, tm_down, w2
 w8() {  # port, label: W8-1 (1 request) and W8 (4 at once), 7,936 random tokens in, 128 out, one client for all
   for n in 1 4; do
     $TM bench serve --base-url http://127.0.0.1:$1 --num-prompts $n --input-len 7936 --output-len 128 \
