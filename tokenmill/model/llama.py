@@ -243,7 +243,10 @@ class LlamaForCausalLM(nn.Module):
 
     def set_enforce_eager(self, eager: bool) -> None:
         """--enforce-eager: every step through the Python layers, none through the native decoder stack."""
-        self.model.native_stack = None if eager else NativeDecoderStack(self.model)
+        if eager:
+            self.model.native_stack = None
+        elif self.model.native_stack is None:
+            self.model.native_stack = NativeDecoderStack(self.model)
 
     def attach_quant_method(self, method) -> None:
         """Every linear layer takes `method`; the lm head takes the method's choice for heads."""

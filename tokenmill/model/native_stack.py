@@ -45,7 +45,7 @@ def _linear_spec(linear) -> tuple | None:
     if isinstance(k, PackedWeight) and k.tiles is not None:
         return (_TILES, k.tiles, None, None, k.bias, k.out_features, k.tile_max_rows, 0, 0,
                 k.gated_on_amx), k.tile_max_rows
-    if isinstance(k, QuantLinearKernel) and k.native and hasattr(torch.ops.tokenmill, "quant_gemm"):
+    if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, 0, k.bits, k.group,
                 False), VNNI_MAX_ROWS
     return None
