@@ -474,17 +474,21 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 #else
   const bool use_amx = false;
 #endif
-  // Tasks: (row, kv head, part); a row has more than one part only on the decode path with a long sequence.
-  // first_task[r] = the row's first task; its parts of one head are consecutive. part_off[r] = where its
-  // tokens' partial results start in `parts` (group * (64 + 2) floats for every task and token).
+  // Tasks: (row, kv head, part), and on the decode path (row, token, kv head, part): a few drafts being verified
+  // are then as many tasks as their tokens times the KV heads, not one per head, so they spread over the cores
+  // (SmolLM2's 3 KV heads were 2 rounds on 2 cores whatever the tokens). A row has more than one part only on
+  // the decode path with a long sequence. first_task[r] = the row's first task; its parts of one head are
+  // consecutive. part_off[r] = where its tokens' partial results start in `parts` (group * (64 + 2) floats for
+  // every task and token).
   std::vector<int64_t> first_task(num_rows + 1, 0), num_parts(num_rows, 1), part_off(num_rows + 1, 0);
+  std::vector<bool> per_token(num_rows, false);
   bool any_split = false;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
-    if (decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen && sl_p[i] > kSplitTokens)
-      num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
+    per_token[r] = decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen;
+    if (per_token[r] && sl_p[i] > kSplitTokens) num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
     any_split |= num_parts[r] > 1;
-    first_task[r + 1] = first_task[r] + hkv * num_parts[r];
+    first_task[r + 1] = first_task[r] + hkv * num_parts[r] * (per_token[r] ? q_len : 1);
     part_off[r + 1] = part_off[r] + (num_parts[r] > 1 ? hkv * num_parts[r] * q_len * group * (d + 2) : 0);
   }
   const int64_t tasks = first_task[num_rows], part_stride = group * (d + 2);
@@ -505,33 +509,31 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
         int64_t r = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
         for (int64_t task = begin; task < end; ++task) {
           while (task >= first_task[r + 1]) ++r;
-          const int64_t i = rw_p[r], np = num_parts[r], h = (task - first_task[r]) / np,
-                        part = (task - first_task[r]) % np;
+          const int64_t i = rw_p[r], np = num_parts[r], idx = task - first_task[r];
+          const int64_t h = idx % (hkv * np) / np, part = idx % np;
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           if (q_len == 0) continue;
 #if defined(__AVX512F__)
-          // A few new tokens (drafts being verified, a short chunk) go through the decode kernel one token at a
-          // time, each with the context it would have had alone: a token's attention is then the same bits
-          // whether it is decoded, verified as a draft or computed in a chunk, so speculation cannot change
+          // A few new tokens (drafts being verified, a short chunk) go through the decode kernel one token (one
+          // task) at a time, each with the context it would have had alone: a token's attention is then the same
+          // bits whether it is decoded, verified as a draft or computed in a chunk, so speculation cannot change
           // a greedy answer in bf16 either.
-          if (decode_path && q_len <= kDecodeLoopMaxQueryLen) {
+          if (per_token[r]) {
             if constexpr (!std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
               using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t,
                                   int64_t, float, int64_t, float*, float, int64_t, int64_t, float*, bool);
               const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
                                  &decode_d64<T, KT, 4>};
-              for (int64_t t = 0; t < q_len; ++t) {
-                const int64_t len = sl_p[i] - q_len + t + 1;
-                const bool split = len > kSplitTokens;  // this token's own choice (np > 1 then)
-                if (split ? part * kSplitTokens >= len : part > 0) continue;
-                float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
-                                   : nullptr;
-                fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
-                               len, h, k_cache.stride(1), k_cache.stride(0), qk_scale,
-                               split ? std::max(start_block, part * kSplitBlocks) : start_block,
-                               lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window,
-                               split ? (part + 1) * kSplitBlocks : -1, dst, use_amx);
-              }
+              const int64_t t = idx / (hkv * np), len = sl_p[i] - q_len + t + 1;
+              const bool split = len > kSplitTokens;  // this token's own choice (np > 1 then)
+              if (split ? part * kSplitTokens >= len : part > 0) continue;
+              float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
+                                 : nullptr;
+              fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
+                             len, h, k_cache.stride(1), k_cache.stride(0), qk_scale,
+                             split ? std::max(start_block, part * kSplitBlocks) : start_block,
+                             lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window,
+                             split ? (part + 1) * kSplitBlocks : -1, dst, use_amx);
               continue;
             }
           }
