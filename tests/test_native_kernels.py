@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import amx_available, native_kernels_for
-from tokenmill.layers.linear import PackedWeight
+from tokenmill.layers.linear import SKINNY_MAX_ROWS, PackedWeight
 from tokenmill.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not native_kernels_for(torch.zeros(1, dtype=torch.bfloat16)),
@@ -36,7 +36,7 @@ def _linear_case(m, k, n, bias):
     return x, w, b, F.linear(x.float(), w.float(), None if b is None else b.float())
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (64, 48), (96, 80)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_tiled_skinny_gemm(m, k, n, bias):
@@ -44,6 +44,16 @@ def test_tiled_skinny_gemm(m, k, n, bias):
     out = torch.ops.tokenmill.tiled_skinny_gemm(x, torch.ops.tokenmill.pack_tiles(w), b, n)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     _assert_bf16_close(out, ref)
+
+
+def test_skinny_rows_get_their_own_bits_in_any_batch():
+    """Up to SKINNY_MAX_ROWS, each row's output is bit for bit what it gets alone: drafts verified together get
+    the bits of decoding them one at a time, so bf16 speculation cannot change a greedy answer."""
+    x, w, b, _ = _linear_case(SKINNY_MAX_ROWS, 576, 960, True)
+    packed = PackedWeight(w, b)
+    together = packed(x)
+    for m in range(1, SKINNY_MAX_ROWS + 1):
+        assert torch.equal(packed(x[:m]), together[:m]), m
 
 
 @pytest.mark.skipif(not amx_available(), reason="the AMX matmul needs a CPU with AMX")
@@ -115,7 +125,7 @@ def test_packed_weight_every_batch_size(k, n):
     w, b = _rand(n, k, seed=2), _rand(n, seed=3)
     packed = PackedWeight(w, b)
     assert (packed.tiles is not None) == (n % 16 == 0 and k % 32 == 0)
-    for m in (1, 4, 5, 64, 128, 129, 300):
+    for m in (1, 4, 8, 9, 64, 128, 129, 300):
         x = _rand(m, k, seed=m)
         _assert_bf16_close(packed(x), F.linear(x.float(), w.float(), b.float()))
 
@@ -124,10 +134,10 @@ def test_packed_weight_gated_wherever_amx_runs():
     """The fused silu(gate) * up is offered wherever AMX can take more rows than the skinny matmul; elsewhere
     the caller falls back to the matmul and silu_and_mul."""
     packed = PackedWeight(_rand(96, 64, seed=2), None)
-    for m in (1, 4, 5, 128, 129, 600):
+    for m in (1, 4, 8, 9, 128, 129, 600):
         x = _rand(m, 64, seed=m)
         h = packed.silu_and_mul(x)
-        takes = packed.tiles is not None and amx_available() and m > 4
+        takes = packed.tiles is not None and amx_available() and m > SKINNY_MAX_ROWS
         assert (h is not None) == takes
         if takes:
             gu = packed(x).float()

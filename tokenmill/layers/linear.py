@@ -39,8 +39,10 @@ def onednn_packing_helps(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
 
 
-# Up to this many rows the native skinny matmul (a weight stream at 20-35 GB/s) beats oneDNN's blocked kernels.
-SKINNY_MAX_ROWS = 4
+# Up to this many rows the native skinny matmul (a weight stream at 20-35 GB/s) beats oneDNN's blocked kernels;
+# its rows do not change each other's bits, so drafts verified together get the bits of decoding them alone
+# (speculation with up to 7 drafts stays lossless in bf16).
+SKINNY_MAX_ROWS = 8
 # Up to this many rows the AMX tile matmul beats oneDNN's: 10-40% faster at 8-128 rows with the weights cold
 # in memory, as they are in a decode step (gate/up at 128 rows, with silu_and_mul after both: 0.77 vs 0.87 ms),
 # but not on vocabulary-wide outputs (the lm head), where oneDNN's blocking wins from 128 rows on.
@@ -51,7 +53,7 @@ WIDE_OUTPUT = 16384
 
 class PackedWeight:
     """A weight in oneDNN's blocked layout for large batches, and, where the native kernels run, in the AMX tile
-    layout that the skinny matmul (1-4 rows) and the AMX matmul (up to AMX_MAX_ROWS, where the CPU has AMX)
+    layout that the skinny matmul (1-8 rows) and the AMX matmul (up to AMX_MAX_ROWS, where the CPU has AMX)
     read as one sequential stream."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):

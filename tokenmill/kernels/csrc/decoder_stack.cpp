@@ -6,7 +6,7 @@
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
 // gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
-// A linear is either the AMX tile layout (skinny kernel up to 4 rows, AMX matmul up to tile_max_rows) or a
+// A linear is either the AMX tile layout (skinny kernel up to 8 rows, AMX matmul up to tile_max_rows) or a
 // quantized weight (VNNI kernel); the caller only sends steps whose row count every linear takes this way.
 
 #include <ATen/ATen.h>
@@ -21,7 +21,7 @@
 
 namespace {
 
-constexpr int64_t kSkinnyMaxRows = 4;  // = SKINNY_MAX_ROWS of layers/linear.py
+constexpr int64_t kSkinnyMaxRows = 8;  // = SKINNY_MAX_ROWS of layers/linear.py
 
 struct StackLinear {
   bool quantized = false;

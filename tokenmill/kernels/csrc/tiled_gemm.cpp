@@ -2,11 +2,13 @@
 //
 // Each weight is repacked once: for each block of 16 outputs, its K panel of 1 KB tiles (16 pairs of k x
 // 16 outputs x 2), contiguous. Two kernels read it, both as one sequential weight stream per thread:
-//  - skinny (1-4 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
+//  - skinny (1-8 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
 //    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
 //    small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small weights at ~14 GB/s
-//    here, this one at ~20 GB/s, what the machine reads.
-//  - AMX (5 to a few hundred rows): C00 C01 C10 C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block
+//    here, this one at ~20 GB/s, what the machine reads. Each row's sums are the same whatever the rows
+//    beside it, so up to 8 rows a token gets the same bits in any batch: drafts verified together (up to 7
+//    and the bonus) give what decoding them one at a time gives, and bf16 speculation stays lossless.
+//  - AMX (9 to a few hundred rows): C00 C01 C10 C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block
 //    from A0 A1 (16 rows x 32 k) and B0 B1 (tiles of the panels); each weight tile is loaded once per 32-row
 //    chunk of x held in L2. At 8-64 rows it is 10-40% faster than oneDNN's packed matmul here (the weights
 //    are a stream from memory at these sizes); beyond ~128 rows oneDNN's tuned kernels win.
@@ -92,7 +94,7 @@ void skinny_blocks(const uint32_t* x, int64_t k, const uint16_t* wp, const float
 template <int M>
 void skinny_range(const uint32_t* x, int64_t k, const uint16_t* wp, const float* bias, uint16_t* y, int64_t n,
                   int64_t nb0, int64_t nb1) {
-  constexpr int J = 4;
+  constexpr int J = M <= 4 ? 4 : 2;  // J x M accumulators and M broadcasts within the 32 vector registers
   const int64_t whole = nb0 + (nb1 - nb0) / J * J;
   skinny_blocks<M, J>(x, k, wp, bias, y, n, nb0, whole);
   skinny_blocks<M, 1>(x, k, wp, bias, y, n, whole, nb1);
@@ -115,7 +117,7 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
                              int64_t n) {
   check_packed(x, packed, n);
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(m >= 1 && m <= 4, "tiled_skinny_gemm: 1 to 4 rows");
+  TORCH_CHECK(m >= 1 && m <= 8, "tiled_skinny_gemm: 1 to 8 rows");
   auto xc = x.contiguous();
   auto y = at::empty({m, n}, x.options());
   const at::Tensor bf = float_bias(bias, n);
@@ -128,7 +130,11 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
       case 1: skinny_range<1>(xp, k, wp, bp, yp, n, b0, b1); break;
       case 2: skinny_range<2>(xp, k, wp, bp, yp, n, b0, b1); break;
       case 3: skinny_range<3>(xp, k, wp, bp, yp, n, b0, b1); break;
-      default: skinny_range<4>(xp, k, wp, bp, yp, n, b0, b1); break;
+      case 4: skinny_range<4>(xp, k, wp, bp, yp, n, b0, b1); break;
+      case 5: skinny_range<5>(xp, k, wp, bp, yp, n, b0, b1); break;
+      case 6: skinny_range<6>(xp, k, wp, bp, yp, n, b0, b1); break;
+      case 7: skinny_range<7>(xp, k, wp, bp, yp, n, b0, b1); break;
+      default: skinny_range<8>(xp, k, wp, bp, yp, n, b0, b1); break;
     }
   });
   return y;
