@@ -46,13 +46,17 @@ def test_tiled_skinny_gemm(m, k, n, bias):
     _assert_bf16_close(out, ref)
 
 
-def test_skinny_rows_get_their_own_bits_in_any_batch():
-    """Up to SKINNY_MAX_ROWS, each row's output is bit for bit what it gets alone: drafts verified together get
-    the bits of decoding them one at a time, so bf16 speculation cannot change a greedy answer."""
-    x, w, b, _ = _linear_case(SKINNY_MAX_ROWS, 576, 960, True)
+def test_verified_drafts_get_the_bits_of_decoding_alone():
+    """A row of up to KERNEL_MAX_QUERY_LEN new tokens (drafts being verified, and the bonus token) gets each
+    token's attention alone; the linears must do the same: each row of such a batch is bit for bit what it gets
+    alone, so bf16 speculation cannot change a greedy answer (with AMX taking 5+ rows, they differed)."""
+    from tokenmill.attention.cpu import KERNEL_MAX_QUERY_LEN
+
+    assert SKINNY_MAX_ROWS >= KERNEL_MAX_QUERY_LEN
+    x, w, b, _ = _linear_case(KERNEL_MAX_QUERY_LEN, 576, 960, True)
     packed = PackedWeight(w, b)
     together = packed(x)
-    for m in range(1, SKINNY_MAX_ROWS + 1):
+    for m in range(1, KERNEL_MAX_QUERY_LEN + 1):
         assert torch.equal(packed(x[:m]), together[:m]), m
 
 
