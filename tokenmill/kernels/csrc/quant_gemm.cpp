@@ -146,8 +146,11 @@ inline void store_bf16(uint16_t* y, __m512 v) {  // round to nearest even
 // Rows [0, M) x output blocks [b0, b1), J blocks at a time.
 // Rows [r0, r0 + M) x output blocks [b, b + J). Per 32-input block: int32 sums of weight x hi and weight x lo
 // (vpdpbusd), combined exactly as 256 hi-sum + lo-sum, then scaled in fp32.
+// stream: this tile is the first over its weights, which come from memory; the later row tiles find them in
+// L1, where prefetching ahead only costs instructions (256 rows of int8 looked ~15% slower with it).
 template <int M, int J, int BITS>
-void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y, int64_t b) {
+void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y, int64_t b,
+          bool stream) {
   const int64_t k = w.k, ng = w.groups(), nb32 = k / 32, per_group = w.group / 32;
   __m512 acc[J][M];
   for (int j = 0; j < J; ++j)
@@ -156,8 +159,10 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
     __m512 sc[J];
     for (int j = 0; j < J; ++j) {
       sc[j] = load_half16(w.scale + ((b + j) * ng + g) * kBlockN);
-      prefetch(w.scale + ((b + j) * ng + g + kPrefetchGroups) * kBlockN);
-      if constexpr (BITS == 4) prefetch(w.min + ((b + j) * ng + g + kPrefetchGroups) * kBlockN);
+      if (stream) {
+        prefetch(w.scale + ((b + j) * ng + g + kPrefetchGroups) * kBlockN);
+        if constexpr (BITS == 4) prefetch(w.min + ((b + j) * ng + g + kPrefetchGroups) * kBlockN);
+      }
     }
     for (int64_t blk = g * per_group; blk < (g + 1) * per_group; ++blk) {
       __m512i ih[J][M], il[J][M];
@@ -171,7 +176,7 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
         for (int s = 0; s < 8; ++s)
           for (int j = 0; j < J; ++j) {
             const uint8_t* at = w.q + (b + j) * w.block_bytes() + (blk * 8 + s) * 64;
-            prefetch(at + kPrefetchBytes);
+            if (stream) prefetch(at + kPrefetchBytes);
             const __m512i wv = _mm512_loadu_si512(at);
             for (int m = 0; m < M; ++m) {
               ih[j][m] = _mm512_dpbusd_epi32(ih[j][m], wv, _mm512_set1_epi32(xh[m][s]));
@@ -182,7 +187,7 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
         for (int s = 0; s < 8; s += 2)
           for (int j = 0; j < J; ++j) {
             const uint8_t* at = w.q + (b + j) * w.block_bytes() + (blk * 4 + s / 2) * 64;
-            prefetch(at + kPrefetchBytes);
+            if (stream) prefetch(at + kPrefetchBytes);
             const __m512i v = _mm512_loadu_si512(at);
             const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
             for (int m = 0; m < M; ++m) {
@@ -220,11 +225,12 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
 template <int J, int BITS>
 void tile_rows(int64_t rows, const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y,
                int64_t b) {
+  const bool stream = r0 == 0;
   switch (rows) {
-    case 1: tile<1, J, BITS>(w, a, r0, bias, y, b); break;
-    case 2: tile<2, J, BITS>(w, a, r0, bias, y, b); break;
-    case 3: tile<3, J, BITS>(w, a, r0, bias, y, b); break;
-    default: tile<4, J, BITS>(w, a, r0, bias, y, b); break;
+    case 1: tile<1, J, BITS>(w, a, r0, bias, y, b, stream); break;
+    case 2: tile<2, J, BITS>(w, a, r0, bias, y, b, stream); break;
+    case 3: tile<3, J, BITS>(w, a, r0, bias, y, b, stream); break;
+    default: tile<4, J, BITS>(w, a, r0, bias, y, b, stream); break;
   }
 }
 
