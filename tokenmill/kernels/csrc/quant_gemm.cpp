@@ -1,22 +1,15 @@
-// Weight-only quantized linear layers: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b, with w kept in 8 or 4 bits.
-//
-// One layout serves int8 (per channel), int4 (groups with a scale and a minimum) and GGUF's Q8_0 / Q4_0 / Q4_1
-// blocks (repacked once at load, value for value). It is the layout of AVX-512 VNNI's `vpdpbusd` (unsigned
-// bytes x signed bytes, 4 products summed per 32-bit lane): per block of 16 outputs, 64-byte units of
-// 16 outputs x 4 consecutive k, so one instruction advances 16 outputs by 4 inputs with no horizontal sums.
-//   8 bits: q [N/16, K/4, 16, 4] as unsigned bytes q + 128, w = scale * q
-//   4 bits: q [N/16, K/8, 16, 4] bytes, k 8u..8u+3 in the low nibbles and 8u+4..8u+7 in the high ones,
-//           w = scale * q + min
-//   scale, min: [N/16, K/G, 16] fp16, one per group of G inputs of each output (G = K for per-channel int8).
-// Two kernels read it:
+// Weight-only quantized linear layers: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b, with w kept in 8 or 4 bits
+// in the layout of quant_layout.h.
+// Two kernels here read it (and quant_amx.cpp's AMX matmul, where the CPU has AMX, for larger batches):
 //  - VNNI (up to a few hundred rows): the rows of x become two int8 parts per 32 inputs (hi, and the remainder
 //    in 1/256ths: x is kept finer than its own bf16 rounding, unlike llama.cpp's single int8), each block's
 //    products are summed exactly in int32 with vpdpbusd, then scaled in fp32; the min term is min * the
 //    group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum of x. A J-block
 //    strip of weights stays in L1 while every 4-row tile of x passes over it, so the weights stream from
 //    memory once per call: one decode step reads ~1 or ~0.56 bytes a weight instead of 2.
-//  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches, whose matmul is bound by
-//    compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN multiplies.
+//  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches without AMX, whose matmul
+//    is bound by compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN
+//    multiplies.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,9 +24,12 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
+#include "quant_layout.h"
+
 namespace {
 
-constexpr int64_t kBlockN = 16;
+using namespace tokenmill_quant;
+
 // Software prefetch, this far ahead in each stream of a tile (measured best of 512/1024/2048 bytes and 4/8
 // groups). A 16-output block is a stream of only a few KB (and its scales and minima two more, of 32 bytes a
 // group): at one or two rows the hardware prefetcher ramps up too late in each, so a decode step's loads wait
@@ -42,37 +38,6 @@ constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kPrefetchGroups = 4;
 
 inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-
-struct QuantView {
-  const uint8_t* q;
-  const uint16_t* scale;
-  const uint16_t* min;   // 4 bits only
-  int64_t bits, group, k, n;
-
-  int64_t block_bytes() const { return k * kBlockN * bits / 8; }
-  int64_t groups() const { return k / group; }
-};
-
-QuantView view_of(const at::Tensor& q, const at::Tensor& scale, const c10::optional<at::Tensor>& min, int64_t bits,
-                  int64_t group, int64_t n, int64_t k) {
-  TORCH_CHECK(bits == 8 || bits == 4, "quantized gemm: bits must be 8 or 4");
-  TORCH_CHECK(n % kBlockN == 0 && group % 32 == 0 && k % group == 0, "quantized gemm: N % 16, G % 32, K % G");
-  TORCH_CHECK(q.is_contiguous() && q.numel() * 8 == n * k * bits, "quantized gemm: packed q mismatch");
-  TORCH_CHECK(scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.numel() == n * (k / group),
-              "quantized gemm: scale must be fp16 [N/16, K/G, 16]");
-  const uint16_t* mp = nullptr;
-  if (bits == 4) {
-    TORCH_CHECK(min.has_value() && min->defined() && min->scalar_type() == at::kHalf && min->is_contiguous() &&
-                min->numel() == scale.numel(), "quantized gemm: 4 bits need an fp16 min like the scale");
-    mp = reinterpret_cast<const uint16_t*>(min->data_ptr());
-  }
-  return {reinterpret_cast<const uint8_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(scale.data_ptr()), mp,
-          bits, group, k, n};
-}
-
-inline __m512 load_half16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 
 // The rows of x as integers for the byte dot products, per block of 32 inputs: x ~ d * (hi + lo / 256) with hi
 // and lo int8 (hi = round(x / d), d = amax / 127; lo = the rounded remainder in 1/256ths), so the products are
@@ -127,8 +92,6 @@ void quantize_rows(QuantRows& r, const uint16_t* x, int64_t m, int64_t k, int64_
   });
 }
 
-inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
-inline __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
 
 inline void store_bf16(uint16_t* y, __m512 v) {  // round to nearest even
 #if defined(__AVX512BF16__)

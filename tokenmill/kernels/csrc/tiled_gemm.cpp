@@ -1,21 +1,21 @@
 // bf16 linear layers over one weight layout, the AMX tile layout: y[M, N] = x[M, K] @ w[N, K]^T + b.
 //
-// Each weight is repacked once: for each block of 16 outputs, its K panel of 1 KB tiles (16 pairs of k x
-// 16 outputs x 2), contiguous. Two kernels read it, both as one sequential weight stream per thread:
+// Each weight is repacked once into the tile layout of amx_gemm.h: for each block of 16 outputs, its K panel of
+// 1 KB tiles (16 pairs of k x 16 outputs x 2), contiguous. Two kernels read it, both as one sequential weight
+// stream per thread:
 //  - skinny (1-8 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
 //    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
 //    small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small weights at ~14 GB/s
 //    here, this one at ~20 GB/s, what the machine reads. Each row's sums are the same whatever the rows
 //    beside it, so up to 8 rows a token gets the same bits in any batch: drafts verified together (up to 7
 //    and the bonus) give what decoding them one at a time gives, and bf16 speculation stays lossless.
-//  - AMX (9 to a few hundred rows): C00 C01 C10 C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block
-//    from A0 A1 (16 rows x 32 k) and B0 B1 (tiles of the panels); each weight tile is loaded once per 32-row
-//    chunk of x held in L2. At 8-64 rows it is 10-40% faster than oneDNN's packed matmul here (the weights
-//    are a stream from memory at these sizes); beyond ~128 rows oneDNN's tuned kernels win.
-//    Gated, it pairs each gate block with its up block and writes silu(gate) * up from the accumulators, so
-//    an MLP's [M, 2I] product never goes through memory (0.87 -> 0.57 ms a layer at 128 rows, weights cold).
-//    Each block's results are written out a few rows per k step of the next block (PendingBlock), so the tile
-//    unit keeps working meanwhile (gated MLP at 128 rows 0.46 -> 0.43 ms, weights half cold).
+//  - AMX (9 to a few hundred rows; the loop is amx_gemm.h's, shared with the quantized AMX matmul): C00 C01 C10
+//    C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block from A0 A1 (16 rows x 32 k) and B0 B1 (tiles of
+//    the panels); each weight tile is loaded once per chunk of x held in L2. At 8-64 rows it is 10-40% faster
+//    than oneDNN's packed matmul here (the weights are a stream from memory at these sizes); beyond ~128 rows
+//    oneDNN's tuned kernels win. Gated, it writes silu(gate) * up from the accumulators, so an MLP's [M, 2I]
+//    product never goes through memory (0.87 -> 0.57 ms a layer at 128 rows, weights cold); each block's
+//    results are written out during the next block's k steps (gated MLP at 128 rows 0.46 -> 0.43 ms).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,16 +29,11 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
-#include "amx.h"
-#include "vec_math.h"
+#include "amx_gemm.h"
 
 namespace {
 
-constexpr int64_t kTileRows = 16;   // rows of an A or C tile; k pairs of a B tile
-constexpr int64_t kTileK = 32;      // bf16 values of k per tile row (64 bytes)
-constexpr int64_t kTileN = 16;      // outputs per B or C tile
-constexpr int64_t kTileBytes = 1024;
-constexpr int64_t kChunkBytes = 512 * 1024;  // rows of x per pass over the weights: a quarter of L2
+using namespace tokenmill_tiles;
 
 // w [N, K] -> [N / 16, K / 32, 16 (k pairs), 16 (outputs), 2 (k in pair)]: the tile layout of w^T.
 at::Tensor pack_tiles(const at::Tensor& w) {
@@ -142,116 +137,13 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 
-// silu(gate) * up of one row of a gate and an up C tile, into 16 bf16 outputs. gate and up are rounded to bf16
-// first, as the unfused path (matmul, then silu_and_mul) rounds them, so both paths give the same bits.
-inline void store_gated_row(const float* g, const float* u, uint16_t* y, const float* bias_g, const float* bias_u) {
-  const __m512 bg = bias_g ? _mm512_loadu_ps(bias_g) : _mm512_setzero_ps();
-  const __m512 bu = bias_u ? _mm512_loadu_ps(bias_u) : _mm512_setzero_ps();
-  const __m512 gv = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(g), bg)));
-  const __m512 uv = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(u), bu)));
-  const __m256bh v = _mm512_cvtneps_pbh(_mm512_mul_ps(silu512(gv), uv));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)v);
-}
-
-// The stored C tiles of one 32-row x 32-output block, written out to y a few rows at a time while the next
-// block's tile products run: written all at once, this epilogue filled the out-of-order window while the tile
-// unit idled (spreading it took 8-25% off the matmuls of a 128-row decode step).
-struct PendingBlock {
-  alignas(64) float c[4][kTileRows * kTileN];  // C00 C01 C10 C11: [top / bottom half][first / second block]
-  uint16_t* y = nullptr;                       // row m0, column of the first block
-  int64_t ldy = 0, col_second = 0, rows_top = 0, rows_bottom = 0;
-  const float* bias_first = nullptr;
-  const float* bias_second = nullptr;
-  bool pair = false, gated = false;
-  int64_t done = 0, total = 0;  // row writes: (top + bottom) x (gated or unpaired ? 1 : 2)
-
-  // Row write i of this block: half, then block, then row (gated: one write makes 16 outputs of both blocks).
-  void write(int64_t i) {
-    const int64_t per_half_blocks = gated || !pair ? 1 : 2;
-    const int64_t half = i / (kTileRows * per_half_blocks) ? 1 : 0;
-    const int64_t rest = i - half * kTileRows * per_half_blocks;
-    const int64_t j = rest / kTileRows, row = rest % kTileRows;
-    if (row >= (half ? rows_bottom : rows_top)) return;
-    uint16_t* out = y + (half * kTileRows + row) * ldy;
-    if (gated) {
-      store_gated_row(c[2 * half] + row * kTileN, c[2 * half + 1] + row * kTileN, out, bias_first, bias_second);
-      return;
-    }
-    const float* bias = j ? bias_second : bias_first;
-    const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(c[2 * half + j] + row * kTileN), b));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (j ? col_second : 0)), (__m256i)v);
-  }
-  void write_some(int64_t count) {
-    for (const int64_t end = std::min(total, done + count); done < end; ++done) write(done);
-  }
+// The panels as packed at load: a pointer into the packed weight, no column scales.
+struct PackedPanels {
+  const char* base;
+  int64_t panel_bytes;
+  const char* panel(int64_t nb, int) const { return base + nb * panel_bytes; }
+  bool column_scale(int64_t, float*) const { return false; }
 };
-
-// Output block pairs [p0, p1) for all rows of x (padded to a multiple of 32 rows). A pair is blocks (2p, 2p+1)
-// (the second absent past the last block), or, when gated, gate block p and its up block p + n/32, whose
-// product silu(gate) * up is the output. Rows go in chunks that stay in L2 while the thread's weight range
-// streams past them once per chunk.
-void gemm_range(const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k, const uint16_t* wp, const float* bias,
-                uint16_t* y, int64_t n, bool gated, int64_t p0, int64_t p1) {
-  tokenmill_amx::configure_tiles();
-  PendingBlock out;  // the previous block's results, written out during this block's k steps
-  bool pending = false;
-  const int64_t kb = k / kTileK, panel = kb * kTileBytes, lda = k * 2, blocks = n / kTileN;
-  const int64_t ldy = gated ? n / 2 : n;
-  const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
-  for (int64_t mc = 0; mc < m_pad; mc += chunk) {
-    const int64_t mc_end = std::min(m_pad, mc + chunk);
-    for (int64_t pi = p0; pi < p1; ++pi) {
-      const int64_t nb = gated ? pi : 2 * pi, nb_second = gated ? pi + blocks / 2 : nb + 1;
-      const bool pair = nb_second < blocks;
-      const char* b0 = reinterpret_cast<const char*>(wp) + nb * panel;
-      const char* b1 = reinterpret_cast<const char*>(wp) + nb_second * panel;
-      for (int64_t m0 = mc; m0 < mc_end; m0 += 2 * kTileRows) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        const char* a = reinterpret_cast<const char*>(xp + m0 * k);
-        const int64_t per_step = pending ? (out.total - out.done + kb - 1) / kb : 0;
-        for (int64_t cb = 0; cb < kb; ++cb) {
-          TILE_LOAD(4, a + cb * 64, lda);
-          TILE_LOAD(5, a + kTileRows * lda + cb * 64, lda);
-          TILE_LOAD(6, b0 + cb * kTileBytes, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(2, 5, 6);
-          if (pair) {
-            TILE_LOAD(7, b1 + cb * kTileBytes, 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(3, 5, 7);
-          }
-          if (pending) out.write_some(per_step);
-        }
-        if (pending) out.write_some(out.total);
-        _tile_stored(0, out.c[0], 64);
-        _tile_stored(2, out.c[2], 64);
-        if (pair) {
-          _tile_stored(1, out.c[1], 64);
-          _tile_stored(3, out.c[3], 64);
-        }
-        const int64_t col = nb * kTileN;
-        out.y = y + m0 * ldy + col;
-        out.ldy = ldy;
-        out.col_second = (nb_second - nb) * kTileN;
-        out.rows_top = std::clamp<int64_t>(m - m0, 0, kTileRows);
-        out.rows_bottom = std::clamp<int64_t>(m - m0 - kTileRows, 0, kTileRows);
-        out.bias_first = bias ? bias + col : nullptr;
-        out.bias_second = bias && pair ? bias + nb_second * kTileN : nullptr;
-        out.pair = pair;
-        out.gated = gated;
-        out.done = 0;
-        out.total = 2 * kTileRows * (gated || !pair ? 1 : 2);
-        pending = true;
-      }
-    }
-  }
-  if (pending) out.write_some(out.total);
-  _tile_release();
-}
 
 // y = x @ w^T + b, or with gated: y = silu(gate) * up where w stacks gate over up ([2I, K] -> y [M, I]).
 at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
@@ -276,8 +168,11 @@ at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
+  const int64_t lda = k * 2;
+  const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
   at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    gemm_range(xp, m, m_pad, k, wp, bp, yp, n, gated, p0, p1);
+    PackedPanels panels{reinterpret_cast<const char*>(wp), k / kTileK * kTileBytes};
+    tokenmill_tiles::gemm_range(xp, m, m_pad, k, panels, bp, yp, n, gated, chunk, p0, p1);
   });
   return y;
 }

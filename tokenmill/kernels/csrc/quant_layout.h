@@ -1,0 +1,57 @@
+// The packed layout of quantized weights that quant_gemm.cpp (VNNI) and quant_amx.cpp (AMX) read. Include
+// inside an AVX-512 F/BW guard.
+//
+// One layout serves int8 (per channel), int4 (groups with a scale and a minimum) and GGUF's Q8_0 / Q4_0 / Q4_1
+// blocks (repacked once at load, value for value). It is the layout of AVX-512 VNNI's `vpdpbusd` (unsigned
+// bytes x signed bytes, 4 products summed per 32-bit lane): per block of 16 outputs, 64-byte units of
+// 16 outputs x 4 consecutive k, so one instruction advances 16 outputs by 4 inputs with no horizontal sums.
+//   8 bits: q [N/16, K/4, 16, 4] as unsigned bytes q + 128, w = scale * q
+//   4 bits: q [N/16, K/8, 16, 4] bytes, k 8u..8u+3 in the low nibbles and 8u+4..8u+7 in the high ones,
+//           w = scale * q + min
+//   scale, min: [N/16, K/G, 16] fp16, one per group of G inputs of each output (G = K for per-channel int8).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace tokenmill_quant {
+
+constexpr int64_t kBlockN = 16;
+
+struct QuantView {
+  const uint8_t* q;
+  const uint16_t* scale;
+  const uint16_t* min;   // 4 bits only
+  int64_t bits, group, k, n;
+
+  int64_t block_bytes() const { return k * kBlockN * bits / 8; }
+  int64_t groups() const { return k / group; }
+};
+
+inline QuantView view_of(const at::Tensor& q, const at::Tensor& scale, const c10::optional<at::Tensor>& min, int64_t bits,
+                  int64_t group, int64_t n, int64_t k) {
+  TORCH_CHECK(bits == 8 || bits == 4, "quantized gemm: bits must be 8 or 4");
+  TORCH_CHECK(n % kBlockN == 0 && group % 32 == 0 && k % group == 0, "quantized gemm: N % 16, G % 32, K % G");
+  TORCH_CHECK(q.is_contiguous() && q.numel() * 8 == n * k * bits, "quantized gemm: packed q mismatch");
+  TORCH_CHECK(scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.numel() == n * (k / group),
+              "quantized gemm: scale must be fp16 [N/16, K/G, 16]");
+  const uint16_t* mp = nullptr;
+  if (bits == 4) {
+    TORCH_CHECK(min.has_value() && min->defined() && min->scalar_type() == at::kHalf && min->is_contiguous() &&
+                min->numel() == scale.numel(), "quantized gemm: 4 bits need an fp16 min like the scale");
+    mp = reinterpret_cast<const uint16_t*>(min->data_ptr());
+  }
+  return {reinterpret_cast<const uint8_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(scale.data_ptr()), mp,
+          bits, group, k, n};
+}
+
+inline __m512 load_half16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+
+inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+}  // namespace tokenmill_quant
