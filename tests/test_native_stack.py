@@ -39,14 +39,14 @@ def stack_calls(monkeypatch):
     return calls
 
 
-def _off_then_on(llm: LLM, max_tokens: int = 20):
+def _off_then_on(llm: LLM, max_tokens: int = 20, prompts: list[dict] = PROMPTS):
     """The same requests with the stack off, then on: (tokens, logprobs) of each run."""
     model = _model(llm)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=3)
     runs = []
     for stack in (None, NativeDecoderStack(model)):
         model.native_stack = stack
-        outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+        outs = llm.generate(prompts, sp, use_tqdm=False)
         runs.append(([o.outputs[0].token_ids for o in outs], [o.outputs[0].logprobs for o in outs]))
     return runs
 
@@ -69,6 +69,22 @@ def test_stack_matches_python_layers_bit_for_bit(tiny_model_dir, stack_calls, fa
     assert stack_logprobs == eager_logprobs   # exact: the same kernels on the same inputs
     assert sum(stack_calls) >= 15, stack_calls   # the decode steps ran natively
     assert not all(stack_calls)                  # the prompt steps did not
+
+
+@pytest.mark.skipif(not (kernels.quant_kernels_available() and kernels.amx_available()),
+                    reason="the quantized AMX matmul needs AMX")
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_batches_past_the_vnni_kernel_match_too(tiny_model_dir, stack_calls, quantization):
+    """24 requests at once: their decode steps take the AMX matmul over dequantized panels (gated for the MLP)."""
+    llm = LLM(str(tiny_model_dir("llama")), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,
+              quantization=quantization)
+    gate_up = _model(llm).layers[0].mlp.gate_up_proj.kernel
+    assert gate_up.gated_on_amx and gate_up.vnni_max_rows < 24 <= gate_up.max_rows
+    prompts = [{"prompt_token_ids": [(31 * i + 7 * j) % 49000 + 10 for j in range(3 + i)]} for i in range(24)]
+    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm, 8, prompts)
+    assert stack_tokens == eager_tokens
+    assert stack_logprobs == eager_logprobs
+    assert sum(stack_calls) >= 7, stack_calls
 
 
 @pytest.mark.parametrize("family,kwargs", [("qwen3", {}), ("mistral_window", {}), ("llama", {"dtype": "float32"})])

@@ -12,12 +12,14 @@ from conftest import assert_greedy_matches, hf_greedy
 import tokenmill.kernels as kernels
 from tokenmill import LLM, SamplingParams
 from tokenmill.layers.quant import get_quant_method, quantize_int4, quantize_int8
-from tokenmill.layers.quant.kernel import VNNI_MAX_ROWS, QuantLinearKernel
+from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, concat_rows
 from tokenmill.model.gguf_blocks import read_blocks
 
 needs_kernels = pytest.mark.skipif(not kernels.quant_kernels_available(),
                                    reason="the quantized kernels need AVX-512 VNNI and a compiler")
+needs_amx = pytest.mark.skipif(not (kernels.quant_kernels_available() and kernels.amx_available()),
+                               reason="the quantized AMX matmul needs AMX (and the VNNI kernels beside it)")
 
 
 def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -112,6 +114,16 @@ def _exact_rows(m: int, k: int, seed: int) -> torch.Tensor:
 CASES = [(8, None), (4, 32), (4, 64)]
 
 
+def _vnni(kernel: QuantLinearKernel, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.tokenmill.quant_gemm(x, kernel.q, kernel.scale, kernel.min, kernel.bias_f32, kernel.bits,
+                                          kernel.group, kernel.out_features)
+
+
+def _amx(kernel: QuantLinearKernel, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    return torch.ops.tokenmill.quant_amx_gemm(x, kernel.q, kernel.scale, kernel.min, kernel.bias_f32, kernel.bits,
+                                              kernel.group, kernel.out_features, gated)
+
+
 @needs_kernels
 @pytest.mark.parametrize("bits,group", CASES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 37])
@@ -124,8 +136,56 @@ def test_quant_gemm_matches_the_dequantized_weight(bits, group, rows):
     assert kernel.native
     x = _exact_rows(rows, k, seed=rows)
     ref = x.float() @ qw.dequantize().T + bias.float()
-    out = kernel(x).float()
+    out = _vnni(kernel, x).float()
     torch.testing.assert_close(out, ref, rtol=2**-8, atol=1e-5)  # bf16 output rounding only
+
+
+@needs_amx
+@pytest.mark.parametrize("bits,group", CASES + [(8, 32)])
+@pytest.mark.parametrize("rows", [17, 40, 100])
+def test_quant_amx_gemm_matches_the_dequantized_weight(bits, group, rows):
+    """Per-channel int8 multiplies its integers exactly and scales the fp32 sums: bf16 output rounding only.
+    Groups (int4, GGUF's Q8_0-like 8 bits in 32s) multiply the weights rounded to bf16, as the dequantized path."""
+    n, k = 96, 576
+    w = _weight(n, k, seed=rows)
+    qw = quantize_int8(w) if group is None else quantize_int4(w, group) if bits == 4 else None
+    if qw is None:   # 8 bits in groups: int8 per channel of each 32-input slice, the layout of GGUF's Q8_0
+        parts = [quantize_int8(w[:, i:i + 32]) for i in range(0, k, 32)]
+        q = torch.cat([p.q for p in parts], dim=1)
+        scale = torch.cat([p.scale for p in parts], dim=1)
+        qw = QuantizedWeight(q=q, scale=scale, min=None, bits=8, group=32)
+    bias = torch.randn(n).bfloat16()
+    kernel = QuantLinearKernel(qw, bias, torch.bfloat16)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    exact = bits == 8 and group is None
+    weight = qw.dequantize() if exact else qw.dequantize().bfloat16().float()
+    ref = x.float() @ weight.T + bias.float()
+    torch.testing.assert_close(_amx(kernel, x).float(), ref, rtol=2**-8, atol=1e-4)
+    gated = _amx(kernel, x, gated=True)   # gate over up: the epilogue's silu(gate) * up, bit for bit
+    unfused = torch.empty(rows, n // 2, dtype=torch.bfloat16)
+    torch.ops.tokenmill.silu_and_mul(unfused, _amx(kernel, x))
+    assert torch.equal(gated, unfused)
+
+
+@needs_amx
+@pytest.mark.parametrize("bits,group", CASES)
+def test_batch_sizes_take_the_quantized_kernels_paths(bits, group):
+    """With AMX: small batches the VNNI kernel, then the AMX matmul, then the dequantized oneDNN matmul (whose
+    bf16 weights make it differ from the VNNI kernel's result, so the checks tell the paths apart)."""
+    n, k = 96, 576
+    w = _weight(n, k, seed=3)
+    qw = quantize_int8(w) if bits == 8 else quantize_int4(w, group)
+    kernel = QuantLinearKernel(qw, None, torch.bfloat16)
+    x = torch.randn(kernel.max_rows + 1, k, generator=torch.Generator().manual_seed(4)).bfloat16()
+    for rows in (1, kernel.vnni_max_rows):
+        assert torch.equal(kernel(x[:rows]), _vnni(kernel, x[:rows]))
+    for rows in (kernel.vnni_max_rows + 1, kernel.max_rows):
+        assert torch.equal(kernel(x[:rows]), _amx(kernel, x[:rows]))
+        assert not torch.equal(_amx(kernel, x[:rows]), _vnni(kernel, x[:rows]))
+    assert torch.equal(kernel(x), kernel._dequantized_matmul(x))
+    gate_up = x[:kernel.vnni_max_rows + 1]
+    assert torch.equal(kernel.silu_and_mul(gate_up), _amx(kernel, gate_up, gated=True))
+    assert kernel.silu_and_mul(x[:kernel.vnni_max_rows]) is None and kernel.silu_and_mul(x) is None
 
 
 @needs_kernels
@@ -146,13 +206,13 @@ def test_quant_gemm_on_any_activations_within_their_quantization(bits, group):
 def test_large_batches_dequantize_for_the_bf16_matmul(bits, group, monkeypatch):
     import tokenmill.layers.quant.kernel as qk
 
-    n, k, rows = 64 * 3, 128, VNNI_MAX_ROWS + 3
+    n, k = 64 * 3, 128
     w = _weight(n, k, seed=9)
     qw = quantize_int8(w) if bits == 8 else quantize_int4(w, group)
     monkeypatch.setattr(qk, "DEQUANT_CHUNK_BYTES", 64 * k * 2)  # three pieces, as an lm head is cut
     kernel = QuantLinearKernel(qw, torch.randn(n).bfloat16(), torch.bfloat16)
     assert len(kernel.chunks) == 3
-    x = torch.randn(rows, k).bfloat16()
+    x = torch.randn(kernel.max_rows + 3, k).bfloat16()
     ref = x.float() @ qw.dequantize().bfloat16().float().T + kernel.bias.float()
     torch.testing.assert_close(kernel(x).float(), ref, rtol=2**-7, atol=2e-3)
 

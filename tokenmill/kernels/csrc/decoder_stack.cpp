@@ -6,8 +6,10 @@
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
 // gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
-// A linear is either the AMX tile layout (skinny kernel up to 8 rows, AMX matmul up to tile_max_rows) or a
-// quantized weight (VNNI kernel); the caller only sends steps whose row count every linear takes this way.
+// A linear is either the AMX tile layout (skinny kernel up to small_max_rows, AMX matmul up to max_rows) or a
+// quantized weight (VNNI kernel up to small_max_rows, the AMX matmul over dequantized panels up to max_rows);
+// the limits are the Python layers' own (native_stack.py passes them), and the caller only sends steps whose
+// row count every linear takes this way.
 
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
@@ -21,28 +23,34 @@
 
 namespace {
 
-constexpr int64_t kSkinnyMaxRows = 8;  // = SKINNY_MAX_ROWS of layers/linear.py
-
 struct StackLinear {
   bool quantized = false;
   at::Tensor w;                 // AMX tiles, or the packed quantized bytes
   at::Tensor scale;             // quantized: per-group scales
   c10::optional<at::Tensor> min, bias;
-  int64_t n = 0, tile_max_rows = 0, bits = 0, group = 0;
-  bool gated_on_amx = false;    // gate/up whose AMX matmul can write silu(gate) * up itself
+  int64_t n = 0, small_max_rows = 0, max_rows = 0, bits = 0, group = 0;
+  bool gated_on_amx = false;    // gate/up whose AMX matmul can write silu(gate) * up itself (past small_max_rows)
+
+  // The AMX matmul of either kind, gated or not.
+  at::Tensor amx(const at::Tensor& x, bool gated) const {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (quantized) return tokenmill_native::quant_amx_gemm(x, w, scale, min, bias, bits, group, n, gated);
+#else
+    TORCH_CHECK(!quantized, "decoder stack: quantized linears past the VNNI kernel's rows need AMX");
+#endif
+    return tokenmill_native::amx_gemm(x, w, bias, n, gated);
+  }
 
   at::Tensor operator()(const at::Tensor& x) const {
     const int64_t rows = x.size(0);
-    if (quantized) {
+    TORCH_CHECK(rows <= max_rows, "decoder stack: ", rows, " rows exceed this linear's native paths");
+    if (rows > small_max_rows) return amx(x, false);
+    if (!quantized) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
 #if defined(__AVX512VNNI__)
-      return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);
+    return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);
 #else
-      TORCH_CHECK(false, "decoder stack: quantized linears need AVX-512 VNNI");
+    TORCH_CHECK(false, "decoder stack: quantized linears need AVX-512 VNNI");
 #endif
-    }
-    TORCH_CHECK(rows <= tile_max_rows, "decoder stack: ", rows, " rows exceed this linear's tile path");
-    if (rows <= kSkinnyMaxRows) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
-    return tokenmill_native::amx_gemm(x, w, bias, n, false);
   }
 };
 
@@ -69,10 +77,11 @@ struct DecoderStack : torch::CustomClassHolder {
                                 k_scale, v_scale, {}});
   }
 
-  // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight.
+  // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight. Up to
+  // small_max_rows rows its small-batch kernel (skinny or VNNI) runs, then the AMX matmul up to max_rows.
   void add_linear(int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale_, c10::optional<at::Tensor> min,
-                  c10::optional<at::Tensor> bias, int64_t n, int64_t tile_max_rows, int64_t bits, int64_t group,
-                  bool gated_on_amx) {
+                  c10::optional<at::Tensor> bias, int64_t n, int64_t small_max_rows, int64_t max_rows, int64_t bits,
+                  int64_t group, bool gated_on_amx) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() < 4, "decoder stack: add_layer first, 4 linears each");
     StackLinear l;
     l.quantized = kind == 1;
@@ -81,7 +90,8 @@ struct DecoderStack : torch::CustomClassHolder {
     l.min = std::move(min);
     l.bias = std::move(bias);
     l.n = n;
-    l.tile_max_rows = tile_max_rows;
+    l.small_max_rows = small_max_rows;
+    l.max_rows = max_rows;
     l.bits = bits;
     l.group = group;
     l.gated_on_amx = gated_on_amx;
@@ -91,8 +101,8 @@ struct DecoderStack : torch::CustomClassHolder {
   at::Tensor mlp(const StackLayer& layer, const at::Tensor& x) const {
     const StackLinear& gate_up = layer.linears[2];
     at::Tensor h;
-    if (!gate_up.quantized && gate_up.gated_on_amx && x.size(0) > kSkinnyMaxRows) {
-      h = tokenmill_native::amx_gemm(x, gate_up.w, gate_up.bias, gate_up.n, true);
+    if (gate_up.gated_on_amx && x.size(0) > gate_up.small_max_rows) {
+      h = gate_up.amx(x, true);
     } else {
       const at::Tensor gu = gate_up(x);
       h = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());

@@ -16,6 +16,10 @@ at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                       const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                       int64_t group, int64_t n);
+// quant_amx.cpp (AVX-512 BF16 and AMX)
+at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                          int64_t group, int64_t n, bool gated);
 // fused_ops.cpp (AVX-512 BF16)
 void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& w, double eps);
 void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double eps);

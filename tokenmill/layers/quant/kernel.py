@@ -11,6 +11,13 @@ from tokenmill.layers.quant.tensor import QuantizedWeight
 # Up to this many rows the VNNI kernel (weights read once, int8 activations) runs; beyond, the matmul is large
 # enough that dequantizing the weights for oneDNN's bf16 kernels costs less than it saves.
 VNNI_MAX_ROWS = 256
+# Where the CPU has AMX, the VNNI kernel only takes up to VNNI_MAX_ROWS_AMX rows, and the AMX matmul over panels
+# dequantized as it goes (quant_amx.cpp) the rows up to QUANT_AMX_MAX_ROWS: the 120 linears of a SmolLM2 step
+# (docs/benchmarks/2026-12-01-quant-amx) at 16 rows take about as long either way, at 32 rows AMX takes half the
+# VNNI kernel's time and at 128-256 rows a third to a half (as fast as bf16 weights); from ~512 rows on,
+# dequantizing for oneDNN wins (2,048 rows: 0.75 vs 0.98-1.07 s).
+VNNI_MAX_ROWS_AMX = 16
+QUANT_AMX_MAX_ROWS = 512
 # Larger batches dequantize up to this many bf16 bytes of w^T at a time (an lm head goes in several pieces),
 # so the buffer oneDNN reads stays in the shared cache.
 DEQUANT_CHUNK_BYTES = 8 << 20
@@ -38,10 +45,11 @@ def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 class QuantLinearKernel:
-    """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): up to
-    VNNI_MAX_ROWS rows on the VNNI kernel, which reads the packed bytes once per call; more rows dequantize w^T a
-    cache-sized piece at a time for oneDNN's bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is
-    kept dequantized in the model dtype and F.linear runs: the reference path."""
+    """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): small batches on
+    the VNNI kernel, which reads the packed bytes once per call; with AMX, batches up to QUANT_AMX_MAX_ROWS on the
+    AMX matmul over dequantized panels; larger ones dequantize w^T a cache-sized piece at a time for oneDNN's
+    bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is kept dequantized in the model dtype and
+    F.linear runs: the reference path."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
         self.out_features, self.in_features = qw.q.shape
@@ -59,6 +67,10 @@ class QuantLinearKernel:
             self.chunks = [(b, min(b + step, blocks)) for b in range(0, blocks, step)]
         else:
             self.weight = qw.dequantize().to(dtype)
+        self.amx = self.native and kernels.amx_available()
+        self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS
+        self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else VNNI_MAX_ROWS  # the most rows a native kernel takes
+        self.gated_on_amx = self.amx and self.out_features % (2 * _BLOCK) == 0  # gate and up whole blocks
 
     @property
     def nbytes(self) -> int:
@@ -71,10 +83,22 @@ class QuantLinearKernel:
             return F.linear(x, self.weight, self.bias)
         if x.dim() != 2:
             return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
-        if x.shape[0] <= VNNI_MAX_ROWS:
+        rows = x.shape[0]
+        if rows <= self.vnni_max_rows:
             return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
-                                                         self.group, self.out_features)
+                                                  self.group, self.out_features)
+        if rows <= self.max_rows:
+            return torch.ops.tokenmill.quant_amx_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
+                                                      self.group, self.out_features, False)
         return self._dequantized_matmul(x)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up for a weight that stacks gate over up, from the AMX matmul's epilogue (the [M, 2I]
+        product is never written); None where these rows take another path."""
+        if not self.gated_on_amx or x.dim() != 2 or not self.vnni_max_rows < x.shape[0] <= self.max_rows:
+            return None
+        return torch.ops.tokenmill.quant_amx_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
+                                                  self.group, self.out_features, True)
 
     def _dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
