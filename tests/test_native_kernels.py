@@ -284,3 +284,23 @@ def test_lora_sgmv_matches_the_masked_torch_path(tokens, out_sizes):
     _assert_bf16_close(out, expected)
     base = torch.from_numpy(token_slot < 0)
     assert torch.equal(out[base], y[base])   # base-model tokens are untouched, bit for bit
+
+
+def test_a_built_library_loads_without_asking_ninja(monkeypatch):
+    """The build folder is named by a hash of every input, so where its library exists it is loaded as it is: a
+    checkout or sync that only touches the sources' times must not cost a rebuild (ninja goes by times)."""
+    from torch.utils import cpp_extension
+
+    import tokenmill.kernels.build as build
+
+    assert (build._build_dir() / f"{build._NAME}.so").exists()   # the library these tests ran on
+
+    def rebuild(**kwargs):
+        raise AssertionError("cpp_extension.load was called")
+
+    monkeypatch.setattr(cpp_extension, "load", rebuild)
+    build.load_cpu_kernels.cache_clear()
+    try:
+        assert build.load_cpu_kernels()
+    finally:
+        build.load_cpu_kernels.cache_clear()
