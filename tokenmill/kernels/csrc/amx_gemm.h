@@ -28,10 +28,22 @@ constexpr int64_t kChunkBytes = 512 * 1024;  // rows of x per pass over packed w
 }  // namespace tokenmill_tiles
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <ATen/ATen.h>
+
 #include "amx.h"
 #include "vec_math.h"
 
 namespace tokenmill_tiles {
+
+// x [M, K] contiguous, its rows padded with zeros to a multiple of 32 so that every A tile load is whole.
+inline at::Tensor padded_rows(const at::Tensor& x) {
+  const int64_t m = x.size(0), m_pad = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
+  at::Tensor xc = x.contiguous();
+  if (m_pad == m) return xc;
+  at::Tensor padded = at::zeros({m_pad, x.size(1)}, x.options());
+  padded.narrow(0, 0, m).copy_(xc);
+  return padded;
+}
 
 // The fp32 value of an output: the accumulator times the column's scale (quantized weights kept as their
 // integers), plus the bias (or zero: the bits of the unscaled path without a bias stay what they were).

@@ -50,26 +50,10 @@ void dequantize_panel(const QuantView& w, int64_t nb, bool integers, uint16_t* o
     const __m512 s = integers ? _mm512_set1_ps(1.0f) : load_half16(w.scale + at);
     const __m512 mn = w.bits == 4 ? load_half16(w.min + at) : _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));
     for (int64_t kk = g * w.group; kk < (g + 1) * w.group; kk += 8) {
-      __m512i units[2];  // [16 outputs x 4 k] bytes each: k kk..kk+3 and kk+4..kk+7
-      if (w.bits == 8) {
-        const uint8_t* p = w.q + nb * w.block_bytes() + (kk / 4) * 64;
-        units[0] = _mm512_loadu_si512(p);
-        units[1] = _mm512_loadu_si512(p + 64);
-      } else {
-        const __m512i v = _mm512_loadu_si512(w.q + nb * w.block_bytes() + (kk / 8) * 64);
-        units[0] = low_nibbles(v);
-        units[1] = high_nibbles(v);
-      }
-      for (int u = 0; u < 2; ++u) {
-        __m512 f[4];
-        for (int e = 0; e < 4; ++e) {
-          const __m512i qi = _mm512_and_si512(_mm512_srli_epi32(units[u], 8 * e), _mm512_set1_epi32(0xFF));
-          f[e] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s, mn);
-        }
-        const int64_t pair = (kk + 4 * u) / 2;  // tiles are consecutive in k: pair p is row p % 16 of tile p / 16
-        _mm512_storeu_si512(out + pair * 32, pair_row(f[0], f[1]));
-        _mm512_storeu_si512(out + (pair + 1) * 32, pair_row(f[2], f[3]));
-      }
+      __m512 v[8];
+      dequantize8(w, nb, kk, s, mn, v);
+      // tiles are consecutive in k: k pair p is row p % 16 of tile p / 16
+      for (int e = 0; e < 8; e += 2) _mm512_storeu_si512(out + (kk + e) / 2 * 32, pair_row(v[e], v[e + 1]));
     }
   }
 }
@@ -101,14 +85,8 @@ at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
   TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "quant_amx_gemm: gated needs gate and up of whole 16-output blocks");
   auto y = at::empty({m, gated ? n / 2 : n}, x.options());
   if (m == 0) return y;
-  // rows padded to a multiple of 32 with zeros, so every A tile load is whole
-  const int64_t m_pad = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
-  at::Tensor xc = x.contiguous();
-  if (m_pad != m) {
-    at::Tensor padded = at::zeros({m_pad, k}, x.options());
-    padded.narrow(0, 0, m).copy_(xc);
-    xc = padded;
-  }
+  const at::Tensor xc = padded_rows(x);
+  const int64_t m_pad = xc.size(0);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "quant_amx_gemm: bias must be [N]");

@@ -263,22 +263,9 @@ at::Tensor quant_dequantize_t(const at::Tensor& q, const at::Tensor& scale, cons
         // 8-bit values are stored as q + 128: w = s * stored - 128 s
         const __m512 mn = bits == 4 ? load_half16(w.min + at) : _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));
         for (int64_t kk = g * group; kk < (g + 1) * group; kk += 8) {
-          __m512i units[2];  // [16 outputs x 4 k] bytes each, as unsigned values
-          if (bits == 8) {
-            const uint8_t* p = w.q + b * w.block_bytes() + (kk / 4) * 64;
-            units[0] = _mm512_loadu_si512(p);
-            units[1] = _mm512_loadu_si512(p + 64);
-          } else {
-            const __m512i v = _mm512_loadu_si512(w.q + b * w.block_bytes() + (kk / 8) * 64);
-            units[0] = low_nibbles(v);
-            units[1] = high_nibbles(v);
-          }
-          for (int u = 0; u < 2; ++u)
-            for (int e = 0; e < 4; ++e) {
-              const __m512i qi = _mm512_and_si512(_mm512_srli_epi32(units[u], 8 * e), _mm512_set1_epi32(0xFF));
-              const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s, mn);
-              store_bf16(col + (kk + 4 * u + e) * cols, v);
-            }
+          __m512 v[8];
+          dequantize8(w, b, kk, s, mn, v);
+          for (int e = 0; e < 8; ++e) store_bf16(col + (kk + e) * cols, v[e]);
         }
       }
     }

@@ -54,4 +54,25 @@ inline __m512 load_half16(const uint16_t* p) {
 
 inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
 inline __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+// The 8 values of each of 16 outputs at k kk..kk+7 of block b (kk a multiple of 8), dequantized in fp32:
+// v[e] holds k = kk + e, one lane per output. w = s * stored + mn per group: the caller passes the group's scale
+// and minimum (8 bits: stored = q + 128 and mn = -128 s).
+inline void dequantize8(const QuantView& w, int64_t b, int64_t kk, __m512 s, __m512 mn, __m512 v[8]) {
+  __m512i units[2];  // [16 outputs x 4 k] bytes each, as unsigned values: k kk..kk+3 and kk+4..kk+7
+  if (w.bits == 8) {
+    const uint8_t* p = w.q + b * w.block_bytes() + (kk / 4) * 64;
+    units[0] = _mm512_loadu_si512(p);
+    units[1] = _mm512_loadu_si512(p + 64);
+  } else {
+    const __m512i packed = _mm512_loadu_si512(w.q + b * w.block_bytes() + (kk / 8) * 64);
+    units[0] = low_nibbles(packed);
+    units[1] = high_nibbles(packed);
+  }
+  for (int u = 0; u < 2; ++u)
+    for (int e = 0; e < 4; ++e) {
+      const __m512i qi = _mm512_and_si512(_mm512_srli_epi32(units[u], 8 * e), _mm512_set1_epi32(0xFF));
+      v[4 * u + e] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s, mn);
+    }
+}
+
 }  // namespace tokenmill_quant

@@ -154,14 +154,8 @@ at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
   const int64_t m = x.size(0), k = x.size(1);
   auto y = at::empty({m, gated ? n / 2 : n}, x.options());
   if (m == 0) return y;
-  // rows padded to a multiple of 32 with zeros, so every A tile load is whole
-  const int64_t m_pad = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
-  at::Tensor xc = x.contiguous();
-  if (m_pad != m) {
-    at::Tensor padded = at::zeros({m_pad, k}, x.options());
-    padded.narrow(0, 0, m).copy_(xc);
-    xc = padded;
-  }
+  const at::Tensor xc = padded_rows(x);
+  const int64_t m_pad = xc.size(0);
   const at::Tensor bf = float_bias(bias, n);
   const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
