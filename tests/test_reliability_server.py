@@ -118,14 +118,19 @@ def single():
 
 
 def test_queue_time_limit(single):
-    """One running slot: a request that cannot start within --max-queue-time gets an error, not a long wait."""
-    long = threading.Thread(target=requests.post, args=(single.url + "/v1/completions",),
-                            kwargs={"json": {"prompt": "Go", "max_tokens": 160, "ignore_eos": True}})
-    long.start()
-    time.sleep(0.5)
-    r = requests.post(single.url + "/v1/completions", json={"prompt": "Me too", "max_tokens": 4})
-    long.join()
+    """One running slot: a request that cannot start within --max-queue-time gets an error, not a long wait. The
+    running request streams until the check is done (then the stream is closed, which aborts it), so the slot
+    stays taken however fast this host decodes."""
+    body = {"prompt": "Go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    with requests.post(single.url + "/v1/completions", json=body, stream=True) as long:
+        lines = long.iter_lines()
+        assert next(line for line in lines if line).startswith(b"data: ")   # it runs: the slot is taken
+        t0 = time.time()
+        r = requests.post(single.url + "/v1/completions", json={"prompt": "Me too", "max_tokens": 4})
+        waited = time.time() - t0
+        assert next(line for line in lines if line).startswith(b"data: ")   # still running
     assert r.status_code == 408 and "queue" in r.json()["error"]["message"], r.text
+    assert 1.0 <= waited < 10, waited   # it waited for --max-queue-time (1.5 s), then was refused
     wait_idle(single)
 
 
