@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tokenmill.bench.datasets import random_requests
-from tokenmill.bench.quality import CORPUS, agreement, corpus_windows
+from tokenmill.bench.quality import CORPUS_FILES, agreement, corpus_windows
 
 
 def test_agreement_counts_identical_answers_and_their_common_start():
@@ -17,10 +17,12 @@ def test_agreement_counts_identical_answers_and_their_common_start():
     assert identical == 1 / 3 and start == (4 + 2 + 0) / 3
 
 
-def test_corpus_ships_a_few_thousand_tokens(smol_tokenizer):
-    assert CORPUS.is_file() and (CORPUS.parent / "README.md").is_file()
+def test_corpus_ships_tens_of_thousands_of_tokens(smol_tokenizer):
+    assert all(f.is_file() for f in CORPUS_FILES) and (CORPUS_FILES[0].parent / "README.md").is_file()
     windows = corpus_windows(smol_tokenizer, 1024)
-    assert sum(map(len, windows)) > 3000 and all(len(w) <= 1024 for w in windows)
+    assert sum(map(len, windows)) > 30000 and all(len(w) <= 1024 for w in windows)
+    first = corpus_windows(smol_tokenizer, 1024, max_tokens=1500)
+    assert [len(w) for w in first] == [1024, 476] and first[0] == windows[0]
 
 
 def test_w5_prompt_lengths_span_their_range():
@@ -33,7 +35,7 @@ def test_quality_command_prints_the_table(tiny_model_dir, tmp_path):
     out_json = tmp_path / "q.json"
     cmd = [sys.executable, "-m", "tokenmill.cli.main", "bench", "quality", "--model", str(tiny_model_dir("qwen2")),
            "--dtype", "float32", "--modes", "bf16,int8,int4-g128,kv-fp8", "--max-tokens", "4", "--window", "256",
-           "--kv-cache-memory", "16MiB", "--output-json", str(out_json)]
+           "--max-corpus-tokens", "2048", "--kv-cache-memory", "16MiB", "--output-json", str(out_json)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| mode | linear weights (MiB) |" in run.stdout
