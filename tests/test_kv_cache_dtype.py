@@ -76,6 +76,37 @@ def test_cascade_prefix_reads_a_quantized_cache(name, case):
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+def _centred(cache: torch.Tensor, k, v, md, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An fp8 cache holding K less `offset` (what write_kv stores with k_offset), and an fp32 cache of the keys
+    and values it stands for (its K read back plus the offset)."""
+    qcache, _ = _quantized(cache.float() - torch.stack([offset, torch.zeros_like(offset)])[:, None, None], "fp8")
+    write_kv(qcache, k, v, md.slot_mapping, k_offset=offset)
+    meant = qcache.float()
+    meant[0] += offset
+    return qcache, meant
+
+
+@pytest.mark.parametrize("backend", ["torch_ref", "torch_sdpa", "cpu"])
+@pytest.mark.parametrize("case", sorted(CASES) + [f"shared/{c}" for c in sorted(SHARED_PREFIX_CASES)])
+def test_centred_keys_are_attended_as_the_keys_they_stand_for(backend, case):
+    """A quantized cache that stores K less a per-channel offset is read without adding it back: every path must
+    give what attending offset + stored K gives (exact, since all keys of a softmax row move by one vector),
+    and never mix those keys with fresh, uncentred ones (a large offset makes any such mix show)."""
+    if case.startswith("shared/"):
+        q, k, v, cache, md = _shared_prefix_case(*SHARED_PREFIX_CASES[case[7:]], 20, 16, 9, 3, 64, torch.float32)
+    else:
+        q, k, v, cache, md = _case(*CASES[case], 16, 9, 3, 64, torch.float32)
+    offset = torch.randn(3, 64, generator=torch.Generator().manual_seed(7)) * 8
+    qcache, meant = _centred(cache, k, v, md, offset)
+    out = get_backend(backend, "cpu").forward(q, k, v, qcache, md, 0.125)
+    # whole prompts attend their fresh K/V (but in torch_ref, which reads everything from the cache)
+    fresh = case == "prefill" and backend != "torch_ref"
+    expected = get_backend("torch_ref", "cpu").forward(q, k, v, cache if fresh else meant, md, 0.125)
+    if case.startswith("shared/") and backend == "cpu":
+        assert md.backend_plan["cpu"].prefix is not None
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_same_memory_holds_twice_the_blocks(tiny_model_dir):
     folder = str(tiny_model_dir("llama"))
     plain = LLM(folder, dtype="bfloat16", kv_cache_memory="16MiB")
@@ -93,6 +124,7 @@ def test_engine_with_a_quantized_cache_follows_the_unquantized_one(name, smol_ll
     llm = LLM(dtype="float32", kv_cache_memory="64MiB", kv_cache_dtype=name)
     layer = llm.engine_core.executor.runner.model.attention_layers()[0]
     assert (layer.k_scale != 1.0) == (name == "int8") and not layer.calibrate
+    assert layer.k_offset is not None and layer.k_offset.shape == (layer.num_kv_heads, layer.head_dim)
     prompts = [smol_tokenizer(t).input_ids for t in ("The history of the printing press began",
                                                      "def add(a, b):\n    return")]
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
@@ -115,7 +147,8 @@ def test_unknown_kv_cache_dtype_names_the_flag():
                     reason="the native kernels need AVX-512 BF16")
 @pytest.mark.parametrize("name", QUANTIZED)
 @pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 2, 32)])
-def test_rope_and_cache_writes_the_quantized_values_write_kv_writes(name, hq, hkv, d):
+@pytest.mark.parametrize("centred", [False, True])
+def test_rope_and_cache_writes_the_quantized_values_write_kv_writes(name, hq, hkv, d, centred):
     """The fused kernel's cache write (value / scale, saturated, rounded to nearest even) stores what the torch
     path stores; fp8 goes through fp16 there, so a value may land one step away where that double rounding
     differs (never more)."""
@@ -134,12 +167,13 @@ def test_rope_and_cache_writes_the_quantized_values_write_kv_writes(name, hq, hk
     cache = torch.zeros(2, num_blocks, block_size, hkv, d, dtype=dtype)
     q = torch.empty(t, hq, d, dtype=torch.bfloat16)
     fused_qkv = qkv.clone()
+    offset = torch.randn(hkv, d, generator=g) * 4 if centred else None
     torch.ops.tokenmill.rope_and_cache(q, fused_qkv, positions, rope.cos, rope.sin, cache[0], cache[1], slots, hq,
-                                       hkv, ks, vs)
+                                       hkv, ks, vs, offset)
     k_rotated = fused_qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d)
     v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
     ref = torch.zeros_like(cache)
-    write_kv(ref, k_rotated, v, slots, ks, vs)
+    write_kv(ref, k_rotated, v, slots, ks, vs, offset)
     got, want = cache.view(2, -1, hkv, d)[:, slots].float(), ref.view(2, -1, hkv, d)[:, slots].float()
     step = PRECISION[name] * 2 * want.abs() if name != "int8" else torch.ones_like(want)
     assert ((got - want).abs() <= step + 2**-9).all()

@@ -110,6 +110,34 @@ def test_blocks_of_another_layout_are_refused(pair):
     other.shutdown()
 
 
+def test_quantized_blocks_travel_with_their_offsets(tiny_model_dir):
+    """fp8 blocks (K stored less the offsets both instances calibrated at start) continue on the decode instance
+    as on the prefill instance itself, from its prefix cache; offsets that differ are refused."""
+    folder, port = str(tiny_model_dir("llama")), _free_port()
+    common = dict(dtype="float32", kv_cache_memory="32MiB", block_size=16, kv_cache_dtype="fp8")
+    producer = LLM(folder, kv_transfer_config=_transfer("kv_producer", port), **common)
+    consumer = LLM(folder, kv_transfer_config=_transfer("kv_consumer", port), **common)
+    assert producer.engine_core.executor.runner.model.attention_layers()[0].k_offset is not None
+    prompts = _prompts(3, 60, seed=11)
+    producer.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1), use_tqdm=False)
+    from_cache = [o.outputs[0].token_ids for o in producer.generate([{"prompt_token_ids": p} for p in prompts],
+                                                                    GREEDY, use_tqdm=False)]
+    address = f"tcp://127.0.0.1:{port}"
+    with _serving(producer):
+        outs = consumer.generate([{"prompt_token_ids": p, "kv_transfer_params": {"remote_address": address}}
+                                  for p in prompts], GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == from_cache
+        assert consumer.engine_core.kv_connector.num_received_blocks > 0
+        layer = consumer.engine_core.executor.runner.model.attention_layers()[1]
+        layer.k_offset = layer.k_offset + 0.5
+        consumer.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
+        with pytest.raises(ValueError, match="other offsets"):
+            consumer.generate([{"prompt_token_ids": prompts[0], "kv_transfer_params": {"remote_address": address}}],
+                              GREEDY, use_tqdm=False)
+    producer.shutdown()
+    consumer.shutdown()
+
+
 @pytest.mark.parametrize("config, field", [
     ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector"),
     ({"kv_connector": "ZmqConnector", "kv_role": "sender"}, "kv_role"),

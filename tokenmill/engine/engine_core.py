@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +24,9 @@ logger = init_logger(__name__)
 
 # The warm-up request's prompt: enough to build every kernel path a first request takes.
 WARMUP_TOKENS = 256
+# ... and where it calibrates a quantized KV cache, its prompt is the calibration text (up to this many tokens),
+# however many steps that takes
+CALIBRATION_TOKENS = 512
 
 
 def block_runs(ids) -> list[tuple[int, int]]:
@@ -34,6 +38,19 @@ def block_runs(ids) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], breaks))
     counts = np.diff(np.concatenate((starts, [len(a)])))
     return list(zip(a[starts].tolist(), counts.tolist()))
+
+
+def warm_up_prompt(model_config, vocab_size: int, length: int, calibrate: bool) -> list[int]:
+    """The warm-up's prompt: made-up tokens, or, where its keys calibrate a quantized KV cache (see
+    layers/attention.py), the shipped calibration text, at most `length` tokens of it (real text: see
+    data/README.md)."""
+    if not calibrate:
+        return [(17 + i) % vocab_size for i in range(length)]
+    from tokenmill.model.tokenizer import load_tokenizer
+
+    text = (Path(__file__).parent / "data" / "kv_calibration.txt").read_text()
+    ids = load_tokenizer(model_config.tokenizer)(text).input_ids
+    return [i % vocab_size for i in ids[:length]]
 
 
 def validate_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
@@ -85,9 +102,10 @@ class EngineCore:
 
         t0 = time.perf_counter()
         sc, cc = self.config.scheduler_config, self.config.cache_config
-        length = max(1, min(WARMUP_TOKENS, sc.max_num_batched_tokens, sc.max_model_len - 3,
-                            (cc.num_blocks - 1) * cc.block_size))
-        prompt = [(17 + i) % self.vocab_size for i in range(length)]
+        calibrate = cc.cache_dtype != "auto"   # the warm-up's keys calibrate a quantized cache: all of them
+        length = max(1, min(CALIBRATION_TOKENS if calibrate else min(WARMUP_TOKENS, sc.max_num_batched_tokens),
+                            sc.max_model_len - 3, (cc.num_blocks - 1) * cc.block_size))
+        prompt = warm_up_prompt(self.config.model_config, self.vocab_size, length, calibrate)
         self.add_request(EngineCoreRequest("tokenmill-warmup", prompt, SamplingParams(max_tokens=3, ignore_eos=True,
                                                                                       temperature=0), time.time()))
         while self.has_unfinished_requests():

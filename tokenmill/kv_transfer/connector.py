@@ -9,8 +9,9 @@ computes only the rest (at least the last prompt token, whose logits it samples 
 much is recomputed, never what the model says.
 
 Wire (ZMQ over TCP, DEALER -> ROUTER): the pull is one msgpack frame [[hash, token ids], ...] of the blocks
-wanted, in order; the answer is a msgpack header {"layout", "num_blocks", "scales"} and then one frame per layer
-holding that layer's K and V of the first num_blocks of them, as stored ([2, n, block_size, Hkv, D] bytes).
+wanted, in order; the answer is a msgpack header {"layout", "num_blocks", "scales", "k_offsets"} and then one
+frame per layer holding that layer's K and V of the first num_blocks of them, as stored ([2, n, block_size, Hkv,
+D] bytes).
 Both ends run in the engine-core process, which owns the KV cache; the producer answers between engine steps,
 so no step writes a block while it is copied out.
 """
@@ -31,6 +32,22 @@ from tokenmill.kv_transfer.config import KVTransferConfig, kv_layout, layout_mis
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
+
+
+def _offset_list(layer) -> list[float] | None:
+    return None if layer.k_offset is None else layer.k_offset.flatten().tolist()
+
+
+# Two instances calibrate K offsets on the same text, so they agree but for rounding where their kernels differ
+# (AMX or not); keys centred on offsets this close mix with an error far below the cache's own.
+K_OFFSET_TOLERANCE = 1e-2
+
+
+def _offsets_agree(layer, theirs: list[float] | None) -> bool:
+    ours = _offset_list(layer)
+    if ours is None or theirs is None:
+        return ours is None and theirs is None
+    return len(ours) == len(theirs) and max(abs(a - b) for a, b in zip(ours, theirs)) <= K_OFFSET_TOLERANCE
 
 
 @dataclass
@@ -93,7 +110,8 @@ class KVConnector:
                     break
                 ids.append(block.block_id)
             header = {"layout": self.layout, "num_blocks": len(ids),
-                      "scales": [(layer.k_scale, layer.v_scale) for layer in self.layers]}
+                      "scales": [(layer.k_scale, layer.v_scale) for layer in self.layers],
+                      "k_offsets": [_offset_list(layer) for layer in self.layers]}
             frames = []
             if ids:
                 index = torch.tensor(ids, device=self.caches[0].device)
@@ -148,6 +166,11 @@ class KVConnector:
                 raise ValueError("kv_transfer: the producer's quantized KV cache has other scales than this "
                                  "instance's; start both with the same --kv-cache-dtype and without "
                                  "--calculate-kv-scales")
+            theirs = header.get("k_offsets") or [None] * len(self.layers)
+            if not all(_offsets_agree(layer, offset) for layer, offset in zip(self.layers, theirs)):
+                raise ValueError("kv_transfer: the producer's quantized KV cache stores K with other offsets than "
+                                 "this instance's (both calibrate them on the same text at start: start both with "
+                                 "the same model, dtype and --kv-cache-dtype)")
         # blocks this instance already holds (found again now: the pull ran outside the engine step) stay as they
         # are; only the missing ones are written
         todo = [i for i in range(n) if self.pool.get_cached_block(pulled.wanted[i]) is None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -10,6 +12,38 @@ from tokenmill.attention.ops import is_quantized_kv, kv_range, write_kv
 
 # Calibrated scales leave this much room above the largest value seen in the calibration step.
 KV_SCALE_HEADROOM = 1.25
+# Calibration reads the K/V of every step until one writes a single token (the warm-up's first decode step) or it
+# has seen this many; the first calibrated tokens are left out of the K offset: a sequence's first keys are
+# attention sinks, unlike the rest.
+KV_CALIBRATION_MAX_TOKENS = 2048
+KV_OFFSET_SKIP_TOKENS = 4
+
+
+@dataclass
+class KVCalibration:
+    """What calibration has seen so far: K's sum (for the offset), K's per-channel extremes and V's largest
+    magnitude (for the scales)."""
+
+    k_sum: torch.Tensor
+    k_max: torch.Tensor
+    k_min: torch.Tensor
+    v_absmax: float = 0.0
+    count: int = 0
+    seen: int = 0
+
+    @classmethod
+    def empty(cls, hkv: int, d: int) -> KVCalibration:
+        return cls(torch.zeros(hkv, d), torch.full((hkv, d), -torch.inf), torch.full((hkv, d), torch.inf))
+
+    def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        k = k.float()
+        skip = max(0, KV_OFFSET_SKIP_TOKENS - self.seen)
+        self.k_sum += k[skip:].sum(0)
+        self.count += max(0, k.shape[0] - skip)
+        self.seen += k.shape[0]
+        self.k_max = torch.maximum(self.k_max, k.amax(0))
+        self.k_min = torch.minimum(self.k_min, k.amin(0))
+        self.v_absmax = max(self.v_absmax, float(v.abs().max()))
 
 
 class PagedAttention(nn.Module):
@@ -21,10 +55,14 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner: [2, N, block_size, Hkv, D]
-        # a quantized cache stores K / k_scale and V / v_scale; with calibrate set, the first step that writes
-        # K/V sets both from its largest values (--calculate-kv-scales, and always for int8)
+        # a quantized cache stores (K - k_offset) / k_scale and V / v_scale (attention/ops.py); with calibrate set,
+        # the first steps that write K/V (the engine's warm-up, on real text: see KVCalibration) set k_offset to
+        # their mean K, and with calibrate_scales too both scales from their largest values (--calculate-kv-scales,
+        # and always for int8)
         self.k_scale = self.v_scale = 1.0
-        self.calibrate = False
+        self.k_offset: torch.Tensor | None = None   # [Hkv, D] fp32
+        self.calibrate = self.calibrate_scales = False
+        self._calibration: KVCalibration | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
                 kv_written: bool = False) -> torch.Tensor:
@@ -34,15 +72,29 @@ class PagedAttention(nn.Module):
         if self.calibrate:
             self._calibrate(k, v)
         if not kv_written:
-            write_kv(self.kv_cache, k, v, md.slot_mapping, self.k_scale, self.v_scale)
+            write_kv(self.kv_cache, k, v, md.slot_mapping, self.k_scale, self.v_scale, self.k_offset)
         return self.backend.forward(q, k, v, self.kv_cache, md, self.scale, k_scale=self.k_scale,
                                     v_scale=self.v_scale, window=self.sliding_window)
 
     def _calibrate(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        limit = kv_range(self.kv_cache.dtype) if is_quantized_kv(self.kv_cache) else 1.0
-        self.k_scale = max(float(k.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
-        self.v_scale = max(float(v.abs().max()) * KV_SCALE_HEADROOM / limit, 1e-6)
-        self.calibrate = False
+        """Adds this step's K/V to the calibration; at its end (see KV_CALIBRATION_MAX_TOKENS) sets the offset
+        and the scales, which this step's write already uses."""
+        cal = self._calibration
+        if cal is None:
+            cal = self._calibration = KVCalibration.empty(self.num_kv_heads, self.head_dim)
+        cal.add(k, v)
+        if k.shape[0] > 1 and cal.seen < KV_CALIBRATION_MAX_TOKENS:
+            return
+        quantized = is_quantized_kv(self.kv_cache)
+        offset = torch.zeros_like(cal.k_sum)
+        if quantized and cal.count:
+            offset = self.k_offset = (cal.k_sum / cal.count).contiguous()
+        if self.calibrate_scales:
+            limit = kv_range(self.kv_cache.dtype) if quantized else 1.0
+            k_absmax = float(torch.maximum(cal.k_max - offset, offset - cal.k_min).max())
+            self.k_scale = max(k_absmax * KV_SCALE_HEADROOM / limit, 1e-6)
+            self.v_scale = max(cal.v_absmax * KV_SCALE_HEADROOM / limit, 1e-6)
+        self.calibrate, self._calibration = False, None
 
 
 def allocate_kv_caches(layers: list[PagedAttention], num_blocks: int, block_size: int, dtype: torch.dtype,

@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
         cache = self.attn.kv_cache
         torch.ops.tokenmill.rope_and_cache(q, qkv, positions, self.rotary.cos, self.rotary.sin, cache[0], cache[1],
                                            md.slot_mapping, self.num_heads, self.num_kv_heads, self.attn.k_scale,
-                                           self.attn.v_scale)
+                                           self.attn.v_scale, self.attn.k_offset)
         _, k, v = self.qkv_proj.split(qkv)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)

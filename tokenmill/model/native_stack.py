@@ -100,7 +100,7 @@ class NativeDecoderStack:
         for layer, layer_specs in zip(layers, specs):
             a = layer.self_attn.attn
             stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                            a.kv_cache[0], a.kv_cache[1], float(a.k_scale), float(a.v_scale))
+                            a.kv_cache[0], a.kv_cache[1], float(a.k_scale), float(a.v_scale), a.k_offset)
             for spec, _ in layer_specs:
                 stack.add_linear(*spec)
         self.stack = stack

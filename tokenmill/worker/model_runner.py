@@ -85,8 +85,10 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(layers, c.num_blocks + 1, c.block_size,
                                             kv_storage_dtype(c.cache_dtype, self.dtype), self.device,
                                             "allocated KV cache")
-        for layer in layers:
-            layer.calibrate = c.calculate_kv_scales
+        quantized = c.cache_dtype != "auto"
+        for layer in layers:   # the first step (the warm-up) calibrates a quantized cache's K offsets, maybe scales
+            layer.calibrate = quantized or c.calculate_kv_scales
+            layer.calibrate_scales = c.calculate_kv_scales
         if self.proposer is not None:
             self.proposer.initialize_kv_cache(c.num_blocks + 1, c.block_size)
 

@@ -57,6 +57,7 @@ struct StackLinear {
 struct StackLayer {
   at::Tensor input_norm, post_norm, k_cache, v_cache;
   double k_scale = 1.0, v_scale = 1.0;
+  c10::optional<at::Tensor> k_offset;  // a quantized cache's per-channel K offset, or none
   std::vector<StackLinear> linears;  // qkv, o, gate_up, down
 };
 
@@ -72,9 +73,9 @@ struct DecoderStack : torch::CustomClassHolder {
         final_norm(std::move(final_norm)) {}
 
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, at::Tensor k_cache, at::Tensor v_cache, double k_scale,
-                 double v_scale) {
+                 double v_scale, c10::optional<at::Tensor> k_offset) {
     layers.push_back(StackLayer{std::move(input_norm), std::move(post_norm), std::move(k_cache), std::move(v_cache),
-                                k_scale, v_scale, {}});
+                                k_scale, v_scale, std::move(k_offset), {}});
   }
 
   // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight. Up to
@@ -130,7 +131,7 @@ struct DecoderStack : torch::CustomClassHolder {
       at::Tensor qkv = layer.linears[0](x);
       at::Tensor q = at::empty({tokens, hq, head_dim}, qkv.options());
       tokenmill_native::rope_and_cache(q, qkv, positions, cos, sin, layer.k_cache, layer.v_cache, slot_mapping, hq,
-                                       hkv, layer.k_scale, layer.v_scale);
+                                       hkv, layer.k_scale, layer.v_scale, layer.k_offset);
       at::Tensor attn = at::empty_like(q);
       tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens,
                                         query_start_loc, rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale, 0,

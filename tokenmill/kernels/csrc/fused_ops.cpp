@@ -3,7 +3,8 @@
 //   add_rms_norm        residual += x; x = rms_norm(residual)       (both in place)
 //   silu_and_mul        out = silu(gate) * up, from the fused [T, 2I] gate_up product
 //   rope_and_cache      q_out = rope(q); k = rope(k) in place; K/V written to their paged-cache slots (bf16, or
-//                       quantized: value / scale saturated to fp8 e4m3, fp8 e5m2 or int8, rounded to nearest even)
+//                       quantized: value / scale saturated to fp8 e4m3, fp8 e5m2 or int8, rounded to nearest even;
+//                       K less its per-channel offset first, when one is given)
 //   argmax_rows         greedy sampling straight from bf16 logits (first maximum on ties)
 // Eager torch spends more time dispatching these (5-10 small ops each) than computing them at decode sizes.
 
@@ -143,15 +144,18 @@ inline __m128i encode16(__m512 v) {
   }
 }
 
-// n (a multiple of 16) bf16 values into the cache row `dst` in format F.
+// n (a multiple of 16) bf16 values into the cache row `dst` in format F; a quantized row stores
+// (value - offset) / scale where an offset row (n fp32) is given.
 template <KvFormat F>
-inline void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_scale) {
+inline void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_scale, const float* offset = nullptr) {
   if constexpr (F == KvFormat::kBF16) {
     std::memcpy(dst, src, n * sizeof(bf16));
   } else {
     auto* out = reinterpret_cast<uint8_t*>(dst);
     for (int64_t j = 0; j < n; j += 16) {
-      const __m512 v = _mm512_mul_ps(load16(src + j, 0xFFFF), _mm512_set1_ps(inv_scale));
+      __m512 x = load16(src + j, 0xFFFF);
+      if (offset) x = _mm512_sub_ps(x, _mm512_loadu_ps(offset + j));
+      const __m512 v = _mm512_mul_ps(x, _mm512_set1_ps(inv_scale));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), encode16<F>(v));
     }
   }
@@ -162,7 +166,7 @@ inline void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_sca
 template <KvFormat F>
 void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                          const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                         int64_t hq, int64_t hkv, float k_scale, float v_scale) {
+                         int64_t hq, int64_t hkv, float k_scale, float v_scale, const float* k_offset) {
   const int64_t d = cos.size(1), row = qkv.stride(0);
   auto pos = positions.to(at::kLong).contiguous();
   auto slots = slot_mapping.to(at::kLong).contiguous();
@@ -187,7 +191,7 @@ void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& pos
       bf16* k = r + hq * d;
       for (int64_t h = 0; h < hkv; ++h) rope_head(k + h * d, k + h * d, c, s, d);
       const int64_t slot = sp[t], blk = slot / bs, off = slot % bs;
-      store_cache_row<F>(kc + blk * kb + off * ks, k, hkv * d, ik);
+      store_cache_row<F>(kc + blk * kb + off * ks, k, hkv * d, ik, k_offset);
       store_cache_row<F>(vc + blk * vb + off * vs, k + hkv * d, hkv * d, iv);
     }
   });
@@ -195,7 +199,8 @@ void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& pos
 
 void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                    int64_t hq, int64_t hkv, double k_scale, double v_scale) {
+                    int64_t hq, int64_t hkv, double k_scale, double v_scale,
+                    const c10::optional<at::Tensor>& k_offset) {
   check_rows(qkv, "qkv");
   TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
@@ -207,18 +212,24 @@ void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& position
   const auto kv = k_cache.scalar_type();
   TORCH_CHECK(kv == at::kBFloat16 || (hkv * d) % 16 == 0, "a quantized cache needs rows of whole 16 values");
   const float ksc = static_cast<float>(k_scale), vsc = static_cast<float>(v_scale);
+  const float* ko = nullptr;
+  if (k_offset.has_value() && k_offset->defined() && kv != at::kBFloat16) {
+    TORCH_CHECK(k_offset->scalar_type() == at::kFloat && k_offset->is_contiguous() && k_offset->numel() == hkv * d,
+                "k_offset: [Hkv, D] contiguous fp32");
+    ko = k_offset->data_ptr<float>();
+  }
   if (kv == at::kBFloat16)
     rope_and_cache_impl<KvFormat::kBF16>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc);
+                                         ksc, vsc, ko);
   else if (kv == at::kFloat8_e4m3fn)
     rope_and_cache_impl<KvFormat::kE4M3>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc);
+                                         ksc, vsc, ko);
   else if (kv == at::kFloat8_e5m2)
     rope_and_cache_impl<KvFormat::kE5M2>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc);
+                                         ksc, vsc, ko);
   else if (kv == at::kChar)
     rope_and_cache_impl<KvFormat::kInt8>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc);
+                                         ksc, vsc, ko);
   else
     TORCH_CHECK(false, "rope_and_cache: KV cache dtype ", kv, " is not supported");
 }
@@ -262,8 +273,10 @@ void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double
 void silu_and_mul(at::Tensor out, const at::Tensor& x) { ::silu_and_mul(out, x); }
 void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                    int64_t hq, int64_t hkv, double k_scale, double v_scale) {
-  ::rope_and_cache(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, k_scale, v_scale);
+                    int64_t hq, int64_t hkv, double k_scale, double v_scale,
+                    const c10::optional<at::Tensor>& k_offset) {
+  ::rope_and_cache(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, k_scale, v_scale,
+                   k_offset);
 }
 }  // namespace tokenmill_native
 
@@ -273,7 +286,7 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
   m.def("rope_and_cache(Tensor(a!) q_out, Tensor(b!) qkv, Tensor positions, Tensor cos, Tensor sin, "
         "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, int hq, int hkv, float k_scale=1.0, "
-        "float v_scale=1.0) -> ()");
+        "float v_scale=1.0, Tensor? k_offset=None) -> ()");
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 

@@ -26,7 +26,8 @@ void add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& w, double
 void silu_and_mul(at::Tensor out, const at::Tensor& x);
 void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                    int64_t hq, int64_t hkv, double k_scale, double v_scale);
+                    int64_t hq, int64_t hkv, double k_scale, double v_scale,
+                    const c10::optional<at::Tensor>& k_offset);
 // paged_attention.cpp (any CPU)
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
