@@ -2,10 +2,12 @@
 # script that has set B (its results folder), PEERS (../shared/peers), TM (tokenmill's CLI) and PY (the python
 # that runs the peers' clients).
 
-# --no-repack: this llama.cpp build's AMX matmul (ggml_backend_amx_mul_mat) dies of a general protection fault on
-# the AMX host at the first forward; without repacking it runs its AVX-512/VNNI vector path, as on CPUs without AMX.
+# --no-repack on a CPU with AMX: this llama.cpp build's AMX matmul (ggml_backend_amx_mul_mat) dies of a general
+# protection fault there at the first forward; without repacking it runs its AVX-512/VNNI vector path, as on CPUs
+# without AMX. Elsewhere it runs as it is (its repacked Q4 layouts are its fastest path).
+LLAMA_FLAGS=${LLAMA_FLAGS-$(grep -q amx_tile /proc/cpuinfo && echo --no-repack)}
 llama_up() {  # slots, context per slot, label
-  (cd $PEERS && NP=$1 CTX_PER_SLOT=$2 PORT=8080 ./serve_llamacpp.sh --no-repack > $B/llamacpp_$3.log 2>&1) &
+  (cd $PEERS && NP=$1 CTX_PER_SLOT=$2 PORT=8080 ./serve_llamacpp.sh $LLAMA_FLAGS > $B/llamacpp_$3.log 2>&1) &
   until curl -sf localhost:8080/health > /dev/null; do sleep 0.3; done
 }
 llama_down() { pkill -TERM -f llama-server; sleep 2; }

@@ -116,7 +116,7 @@ class EngineCore:
         sched.num_preemptions = sched.peak_blocks_in_use = sched.peak_num_running = 0
         sched.peak_token_share = 0.0
         self.profile.reset()
-        logger.info("warm-up step done in %.2f s (%d tokens)", time.perf_counter() - t0, length)
+        logger.info("warm-up step done in %.2f s (%d tokens)", time.perf_counter() - t0, len(prompt))
 
     def add_request(self, req: EngineCoreRequest) -> None:
         max_model_len = self.config.scheduler_config.max_model_len

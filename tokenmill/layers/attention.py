@@ -32,8 +32,9 @@ class KVCalibration:
     seen: int = 0
 
     @classmethod
-    def empty(cls, hkv: int, d: int) -> KVCalibration:
-        return cls(torch.zeros(hkv, d), torch.full((hkv, d), -torch.inf), torch.full((hkv, d), torch.inf))
+    def empty(cls, hkv: int, d: int, device: torch.device) -> KVCalibration:
+        return cls(torch.zeros(hkv, d, device=device), torch.full((hkv, d), -torch.inf, device=device),
+                   torch.full((hkv, d), torch.inf, device=device))
 
     def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
         k = k.float()
@@ -81,7 +82,7 @@ class PagedAttention(nn.Module):
         and the scales, which this step's write already uses."""
         cal = self._calibration
         if cal is None:
-            cal = self._calibration = KVCalibration.empty(self.num_kv_heads, self.head_dim)
+            cal = self._calibration = KVCalibration.empty(self.num_kv_heads, self.head_dim, k.device)
         cal.add(k, v)
         if k.shape[0] > 1 and cal.seen < KV_CALIBRATION_MAX_TOKENS:
             return
