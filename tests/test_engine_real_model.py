@@ -14,11 +14,12 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def mixed_prompts():
-    """64 prompts of 3..120 tokens; some share long prefixes so prefix caching has something to find."""
+    """32 prompts of 3..120 tokens; some share long prefixes so prefix caching has something to find (each costs
+    ~0.7 s alone in fp32 for the reference: 64 made this file the suite's slowest)."""
     rng = random.Random(11)
     shared = [rng.randrange(17, 49152) for _ in range(48)]
     prompts = []
-    for i in range(64):
+    for i in range(32):
         body = [rng.randrange(17, 49152) for _ in range(rng.randint(3, 72))]
         prompts.append((shared[: rng.choice([16, 32, 48])] + body) if i % 3 == 0 else body)
     return [{"prompt_token_ids": p} for p in prompts]
@@ -38,7 +39,7 @@ def alone_reference(mixed_prompts):
     ("chunked_32", dict(max_num_batched_tokens=32)),
     ("preempting", dict(num_gpu_blocks_override=40, max_model_len=256)),
 ])
-def test_64_mixed_prompts_match_alone(name, kwargs, mixed_prompts, alone_reference):
+def test_mixed_prompts_match_alone(name, kwargs, mixed_prompts, alone_reference):
     llm = LLM(dtype="float32", **{"kv_cache_memory": "64MiB", **kwargs})
     sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = llm.generate(mixed_prompts, sp, use_tqdm=False)
