@@ -218,13 +218,7 @@ inline __m512 load16(const at::Float8_e4m3fn* p) {
   return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, rest)), _mm512_set1_ps(256.0f));
 }
 
-#if defined(__AVX512BF16__)
-// Decode scores of one 16-key block for the R query heads of a KV head, returned in registers (lane i = key i).
-// Each key row is two plain loads; each head's products with a row stay a 16-lane vector of partial sums, and
-// 16 rows' vectors are summed into one vector of 16 scores by a tree of shuffles (45 simple instructions a head
-// a block). Gathering a column of 16 keys per pair instead (32 gathers a block) was ~55% of decode attention on
-// AMD Zen 4, whose gathers are slow: this form measured 0.77 -> 0.65 ms (batch 1, 256 tokens, 30 layers) and
-// 151 -> 113 ms (128 sequences of 320 tokens).
+// The decode kernels' horizontal sums, 16 at once (score_decode_block says why).
 // Four rows' vectors -> one vector whose 128-bit chunk c holds chunk c's partial sums of rows 0..3, in order.
 inline __m512 sum_rows4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
   const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));  // [0 1 0 1] per chunk
@@ -237,6 +231,13 @@ inline __m512 sum_chunks(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+#if defined(__AVX512BF16__)
+// Decode scores of one 16-key block for the R query heads of a KV head, returned in registers (lane i = key i).
+// Each key row is two plain loads; each head's products with a row stay a 16-lane vector of partial sums, and
+// 16 rows' vectors are summed into one vector of 16 scores by a tree of shuffles (45 simple instructions a head
+// a block). Gathering a column of 16 keys per pair instead (32 gathers a block) was ~55% of decode attention on
+// AMD Zen 4, whose gathers are slow: this form measured 0.77 -> 0.65 ms (batch 1, 256 tokens, 30 layers) and
+// 151 -> 113 ms (128 sequences of 320 tokens).
 template <int R>
 inline void score_decode_block(const at::BFloat16* kb, const at::BFloat16* q, __m512* scores, int64_t kv_head,
                                int64_t kv_token_stride, float scale) {
@@ -358,20 +359,26 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
         score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
     } else
 #endif
-    {
-      for (int64_t j = 0; j < n; ++j) {
-        const KT* kr = kb + j * kv_token_stride;
-        const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
-        for (int r = 0; r < R; ++r) {
-          const float* qr = qf + r * d;
-          __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
-          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
-          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
-          p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
-          s[r * block + j] = _mm512_reduce_add_ps(p);
+    {  // each row's products stay a vector of partial sums, 16 rows summed at once by the shuffle tree (a
+       // horizontal sum per row and head was a third of this loop: fp8 cache, 30 layers of 128 x 320 tokens: 125 -> 116 ms)
+      __m512 quad[4][R];
+      for (int g = 0; g < 4; ++g) {  // rows past n are read too (the block holds them) and masked below
+        __m512 v[4][R];
+        for (int j = 0; j < 4; ++j) {
+          const KT* kr = kb + (4 * g + j) * kv_token_stride;
+          const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
+          for (int r = 0; r < R; ++r) {
+            const float* qr = qf + r * d;
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
+            v[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
+          }
         }
+        for (int r = 0; r < R; ++r) quad[g][r] = sum_rows4(v[0][r], v[1][r], v[2][r], v[3][r]);
       }
-      for (int r = 0; r < R; ++r) sv[r] = _mm512_load_ps(s + r * block);
+      for (int r = 0; r < R; ++r)
+        sv[r] = sum_chunks(sum_chunks(quad[0][r], quad[1][r]), sum_chunks(quad[2][r], quad[3][r]));
     }
     const int64_t skip = std::max<int64_t>(0, first_key - b * block);  // keys before the window, in its first block
     const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << skip) - 1u));
