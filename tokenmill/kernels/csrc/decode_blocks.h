@@ -150,6 +150,13 @@ struct Fp8ToBf16 {
     const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
     _mm512_storeu_si512(dst, _mm512_or_si512(mag, sign));
   }
+  // n rows of 64 values, `stride` elements apart, into dst as contiguous rows (an attention block's K or V)
+  void rows(const KT* src, int64_t stride, int64_t n, at::BFloat16* dst) const {
+    for (int64_t j = 0; j < n; ++j) {
+      (*this)(src + j * stride, dst + j * 64);
+      (*this)(src + j * stride + 32, dst + j * 64 + 32);
+    }
+  }
 };
 #endif
 

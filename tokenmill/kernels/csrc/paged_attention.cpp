@@ -260,10 +260,7 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 #endif
         score_decode_block<R>(kb, q, sv, kv_head, kv_token_stride, scale);
     } else if constexpr (kFp8Bf16) {
-      for (int64_t j = 0; j < block; ++j) {  // rows past n too (the block holds them): their lanes are masked
-        fp8(kb + j * kv_token_stride, kbuf + j * d);
-        fp8(kb + j * kv_token_stride + 32, kbuf + j * d + 32);
-      }
+      fp8.rows(kb, kv_token_stride, block, kbuf);  // rows past n too (the block holds them): their lanes are masked
       score_decode_block<R>(kbuf, q, sv, kv_head, d, scale);
     } else
 #endif
@@ -317,10 +314,7 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     };
 #if defined(__AVX512BF16__)
     if constexpr (kFp8Bf16) {
-      for (int64_t j = 0; j < n; ++j) {
-        fp8(vb + j * kv_token_stride, vbuf + j * d);
-        fp8(vb + j * kv_token_stride + 32, vbuf + j * d + 32);
-      }
+      fp8.rows(vb, kv_token_stride, n, vbuf);
       accumulate_v(vbuf, d);
       continue;
     }
