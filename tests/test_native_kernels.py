@@ -90,36 +90,78 @@ def test_amx_gemm_gated(m, k, i, bias):
     _assert_bf16_close(fused, F.silu(ref[:, :i]) * ref[:, i:], ulps=4.0)
 
 
-@pytest.mark.skipif(not amx_available(), reason="the AMX attention needs a CPU with AMX")
-@pytest.mark.parametrize("rows, context", [(1, 0), (5, 0), (16, 0), (17, 3), (40, 0), (100, 500), (257, 0), (64, 992)])
-def test_amx_prefill_attention(rows, context):
+def _prompt_kernel(name: str):
+    """A native prompt-attention op by name, or a skip where this CPU cannot run it."""
+    if name == "amx_prefill_attention" and not amx_available():
+        pytest.skip("the AMX attention needs a CPU with AMX")
+    return getattr(torch.ops.tokenmill, name)
+
+
+PROMPT_KERNELS = ["amx_prefill_attention", "prefill_attention"]
+
+
+@pytest.mark.parametrize("kernel", PROMPT_KERNELS)
+@pytest.mark.parametrize("rows, context", [(1, 0), (3, 29), (5, 0), (16, 0), (17, 3), (33, 31), (40, 0), (100, 500),
+                                           (257, 0), (64, 992)])
+def test_prefill_attention(kernel, rows, context):
     """Causal attention of a prompt or of a chunk after cached context, with GQA, K/V read through the strides
-    of the fused qkv output, against fp32 attention with the same inputs."""
+    of the fused qkv output, against fp32 attention with the same inputs. Row counts that fill the kernels' row
+    tiles (4 and 16) or not, contexts that end inside a 32-key step or on its edge."""
     qkv = _rand(context + rows, 960, seed=7)
     k, v = qkv[:, 576:768].view(-1, 3, 64), qkv[:, 768:].view(-1, 3, 64)
     q = _rand(rows, 9, 64, seed=8)
     out = torch.empty(rows, 9, 64, dtype=torch.bfloat16)
-    torch.ops.tokenmill.amx_prefill_attention(out, q, k, v, 0.125, context)
+    _prompt_kernel(kernel)(out, q, k, v, 0.125, context)
     mask = torch.arange(context + rows)[None, :] <= torch.arange(context, context + rows)[:, None]
     ref = F.scaled_dot_product_attention(*(t.float().transpose(0, 1)[None] for t in (q, k, v)), attn_mask=mask,
                                          scale=0.125, enable_gqa=True)[0].transpose(0, 1)
     assert (out.float() - ref).abs().max().item() <= 0.02  # P and the output are rounded to bf16 (values ~1)
 
 
-@pytest.mark.skipif(not amx_available(), reason="the AMX attention needs a CPU with AMX")
+@pytest.mark.parametrize("kernel", PROMPT_KERNELS)
+@pytest.mark.parametrize("rows, context", [(40, 0), (20, 300)])
+def test_prefill_attention_rescales_as_scores_grow(kernel, rows, context):
+    """Keys that grow along the sequence raise each row's maximum score by far more than the kernels' lazy
+    margin (8) as it walks them, so the output and sum accumulated so far must be rescaled (with the random keys
+    above the first maximum is never passed by that much, and a kernel that skipped the rescale passed)."""
+    growth = torch.linspace(0.2, 3.0, context + rows)[:, None, None]
+    k = (_rand(context + rows, 3, 64, seed=11).float() * growth).bfloat16()
+    v, q = _rand(context + rows, 3, 64, seed=12), _rand(rows, 9, 64, seed=13)
+    out = torch.empty(rows, 9, 64, dtype=torch.bfloat16)
+    _prompt_kernel(kernel)(out, q, k, v, 0.5, context)
+    mask = torch.arange(context + rows)[None, :] <= torch.arange(context, context + rows)[:, None]
+    ref = F.scaled_dot_product_attention(*(t.float().transpose(0, 1)[None] for t in (q, k, v)), attn_mask=mask,
+                                         scale=0.5, enable_gqa=True)[0].transpose(0, 1)
+    assert (out.float() - ref).abs().max().item() <= 0.02
+
+
+@pytest.mark.parametrize("kernel", PROMPT_KERNELS)
 @pytest.mark.parametrize("rows, keys", [(1, 256), (40, 1024), (17, 300)])
-def test_amx_attention_over_a_shared_prefix(rows, keys):
+def test_prefill_attention_over_a_shared_prefix(kernel, rows, keys):
     """Not causal (every query sees every key, as over a cascade's shared prefix), with the log-sum-exps that
     the merge of partial results needs."""
     kv = _rand(keys, 2, 3, 64, seed=9)
     k, v = kv[:, 0], kv[:, 1]
     q = _rand(rows, 9, 64, seed=10)
     out, lse = torch.empty(rows, 9, 64, dtype=torch.bfloat16), torch.empty(rows, 9)
-    torch.ops.tokenmill.amx_prefill_attention(out, q, k, v, 0.125, 0, False, lse)
+    _prompt_kernel(kernel)(out, q, k, v, 0.125, 0, False, lse)
     scores = torch.einsum("rhd,shd->rhs", q.float(), k.float().repeat_interleave(3, dim=1)) * 0.125
     ref = torch.einsum("rhs,shd->rhd", scores.softmax(-1), v.float().repeat_interleave(3, dim=1))
     assert (out.float() - ref).abs().max().item() <= 0.02
     torch.testing.assert_close(lse, scores.logsumexp(-1), atol=2e-2, rtol=0)
+
+
+def test_prompts_take_a_native_kernel():
+    """Wherever the bf16 kernels are built, bf16 prompts of head_dim 64 go to a native kernel (AMX's where the CPU
+    has AMX), not to SDPA, which on CPUs without AMX turns bf16 into fp32 for MKL (4-6x slower)."""
+    from tokenmill.attention.cpu import CpuPagedBackend
+
+    backend = CpuPagedBackend()
+    expected = "amx_prefill_attention" if amx_available() else "prefill_attention"
+    assert backend._prefill_op == getattr(torch.ops.tokenmill, expected)
+    assert backend._prefill_takes(torch.empty(4, 9, 64, dtype=torch.bfloat16))
+    assert not backend._prefill_takes(torch.empty(4, 9, 64))
+    assert not backend._prefill_takes(torch.empty(4, 9, 128, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("k, n", [(576, 960), (100, 37)])

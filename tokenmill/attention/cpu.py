@@ -1,6 +1,6 @@
 """The CPU backend: the native paged-attention kernel for decodes and short chunks after a cached prefix;
-prompts and long chunks (attention there is a matrix product) on AMX tiles in bf16 where the CPU has AMX,
-else through SDPA's flash attention.
+prompts and long chunks (attention there is a matrix product) in bf16 on the native prompt kernel, on AMX tiles
+where the CPU has AMX and with AVX-512 BF16 elsewhere; SDPA's flash attention for other dtypes and shapes.
 
 Shared-prefix ("cascade") attention: when the requests that continue from cached context all start with the
 same blocks (a common system prompt, W3's shared document), the prefix is attended once for all their new
@@ -55,7 +55,7 @@ class CpuPagedBackend(AttentionBackend):
         if not load_cpu_kernels():
             raise RuntimeError("the native CPU attention kernel could not be built")
         self._op = torch.ops.tokenmill.paged_attention
-        self._amx = kernels.amx_available()
+        self._prefill_op = kernels.prefill_attention_op()
         self.decode_amx = True   # bf16 decode scores on AMX tiles where the CPU has them (tests turn it off)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -75,10 +75,10 @@ class CpuPagedBackend(AttentionBackend):
             self._op(out, q, kv_cache[0], kv_cache[1], md.block_table, md.seq_lens, md.query_start_loc,
                      plan.kernel_rows, scale, 0, None, k_scale, v_scale, window, self.decode_amx)
         for i in plan.sdpa_rows:
-            if window or not self._amx_takes(q):  # (the AMX prompt kernel has no window)
+            if window or not self._prefill_takes(q):  # (the native prompt kernels have no window)
                 sdpa_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales, window)
             else:
-                amx_prompt_row(q, k, v, kv_cache, md, scale, i, out, scales)
+                native_prompt_row(self._prefill_op, q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
     def kernel_only_rows(self, md: AttentionMetadata, block_size: int) -> torch.Tensor | None:
@@ -89,9 +89,9 @@ class CpuPagedBackend(AttentionBackend):
             plan = md.backend_plan[self.name] = self._plan(md, block_size)
         return None if plan.prefix is not None or plan.sdpa_rows else plan.kernel_rows
 
-    def _amx_takes(self, q: torch.Tensor) -> bool:
-        """The AMX attention kernel's domain: bf16, head_dim 64, on a CPU with AMX."""
-        return self._amx and q.dtype == torch.bfloat16 and q.shape[2] == 64
+    def _prefill_takes(self, q: torch.Tensor) -> bool:
+        """The native prompt kernels' domain: bf16, head_dim 64, on a CPU with AMX or AVX-512 BF16."""
+        return self._prefill_op is not None and q.dtype == torch.bfloat16 and q.shape[2] == 64
 
     def _cascade(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                  plan: CpuPlan, scale: float, scales=(1.0, 1.0)) -> None:
@@ -104,11 +104,10 @@ class CpuPagedBackend(AttentionBackend):
         qr = q if prefix.all_tokens else q[prefix.token_index]
         kp, vp = (dequantize_kv(_prefix_keys(kv_cache[i], prefix), scales[i], q.dtype)
                   for i in (0, 1))   # [blocks, block_size, Hkv, D]
-        if self._amx_takes(q):
+        if self._prefill_takes(q):
             o_pre = torch.empty(rows, hq, d, dtype=q.dtype)
             lse_pre = torch.empty(rows, hq, dtype=torch.float32)
-            torch.ops.tokenmill.amx_prefill_attention(o_pre, qr, kp.flatten(0, 1), vp.flatten(0, 1), scale, 0, False,
-                                                      lse_pre)
+            self._prefill_op(o_pre, qr, kp.flatten(0, 1), vp.flatten(0, 1), scale, 0, False, lse_pre)
             o_pre, lse_pre = o_pre.view(rows, hkv, group, d), lse_pre.view(rows, hkv, group)
         else:  # flash attention with the queries grouped by KV head: [1, Hkv, R * group, D] against [1, Hkv, S, D]
             qh = qr.view(rows, hkv, group, d).transpose(0, 1).reshape(1, hkv, rows * group, d)
@@ -164,7 +163,8 @@ def _prefix_keys(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:
     return cache.index_select(0, prefix.block_ids)
 
 
-def amx_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
-    """sdpa_prompt_row on AMX tiles (bf16, head_dim 64): 1.6-1.9x torch's flash attention on prompts here."""
+def native_prompt_row(op, q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, scales=(1.0, 1.0)) -> None:
+    """sdpa_prompt_row on a native prompt kernel (bf16, head_dim 64): on AMX tiles 1.6-1.9x torch's flash
+    attention on prompts (Intel Xeon); with AVX-512 BF16 4-6x (AMD Zen 5, where torch's runs MKL's fp32 sgemm)."""
     start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i, scales)
-    torch.ops.tokenmill.amx_prefill_attention(out[start:end], q[start:end], ki, vi, scale, context)
+    op(out[start:end], q[start:end], ki, vi, scale, context)

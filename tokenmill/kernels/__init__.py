@@ -28,6 +28,17 @@ def amx_available() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def prefill_attention_op():
+    """The native prompt-attention op (bf16, head_dim 64) for this CPU: on AMX tiles where it has AMX, else the
+    AVX-512 BF16 kernel; None without either (SDPA then takes prompts)."""
+    if amx_available():
+        return torch.ops.tokenmill.amx_prefill_attention
+    if _fused_ops_built() and hasattr(torch.ops.tokenmill, "prefill_attention"):
+        return torch.ops.tokenmill.prefill_attention
+    return None
+
+
+@functools.lru_cache(maxsize=1)
 def quant_kernels_available() -> bool:
     """Whether the quantized matmuls (AVX-512 VNNI) were built."""
     return _fused_ops_built() and hasattr(torch.ops.tokenmill, "quant_gemm")
