@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <new>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -29,7 +30,9 @@ namespace {
 
 using namespace tokenmill_prefill;
 
-constexpr int kRows = 4;          // query positions per task: 16 accumulators of O, 8 of scores
+constexpr int kRows = 4;          // query positions of a row tile: 16 accumulators of O, 8 of scores
+constexpr int64_t kBlockRows = 16;  // query positions per task: 4 row tiles take turns over each chunk of keys
+constexpr int64_t kChunkSteps = 8;  // 256 keys: 64 KB of packed K and V
 constexpr float kLazy = 8.0f;
 
 inline __m512bh bcast_pair(const uint16_t* p) {  // the pair of bf16 values at p, in every lane
@@ -41,89 +44,107 @@ inline __mmask16 first_lanes(int64_t n) {  // the lanes below n, for n in any ra
 }
 
 // Query rows [r0, r0 + kRows) of one head (those below `rows` are real; the others repeat the last real row and
-// are computed, never stored). Causal: row r sees keys 0..context + r. Not causal: every row sees all seq_len
-// keys. lse, when given, receives each row's log-sum-exp of its scaled scores (at lse + r * lse_stride).
-void attend_rows(const uint16_t* q, int64_t q_stride, int64_t rows, int64_t r0, const uint16_t* kp,
-                 const uint16_t* vp, int64_t context, int64_t seq_len, bool causal, float scale, uint16_t* out,
-                 int64_t out_stride, float* lse, int64_t lse_stride) {
-  const int64_t n = std::min<int64_t>(kRows, rows - r0);
-  const uint16_t* qr[kRows];
+// are computed, never stored), and where their walk over the keys stands: O, the sums and maxima so far.
+// Causal: row r sees keys 0..context + r. Not causal: every row sees all seq_len keys.
+struct RowTile {
+  const uint16_t* q[kRows];
   int64_t limit[kRows];  // keys each row sees
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = r0 + std::min<int64_t>(r, n - 1);
-    qr[r] = q + row * q_stride;
-    limit[r] = causal ? context + row + 1 : seq_len;
-  }
+  int64_t r0, n, steps;  // steps: 32-key steps its last row needs
   __m512 o[kRows][4], lsum[kRows];
   float m[kRows];
-  for (int r = 0; r < kRows; ++r) {
-    for (int x = 0; x < 4; ++x) o[r][x] = _mm512_setzero_ps();
-    lsum[r] = _mm512_setzero_ps();
-    m[r] = -std::numeric_limits<float>::infinity();
-  }
-  alignas(64) uint16_t p[kRows][kKeys];
-  const int64_t steps = (limit[kRows - 1] + kKeys - 1) / kKeys;
-  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
-  for (int64_t st = 0; st < steps; ++st) {
-    const uint16_t* kt = kp + st * 4 * kTile;
-    const uint16_t* vt = vp + st * 4 * kTile;
-    __m512 s[kRows][2];
-    for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
-    for (int64_t pr = 0; pr < kD / 2; ++pr) {
-      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + pr * 32);
-      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + 2 * kTile + pr * 32);
-      for (int r = 0; r < kRows; ++r) {
-        const __m512bh qp = bcast_pair(qr[r] + 2 * pr);
-        s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, qp);
-        s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, qp);
-      }
-    }
-    const int64_t key0 = st * kKeys;
+
+  RowTile(const uint16_t* q0, int64_t q_stride, int64_t rows, int64_t first, int64_t context, int64_t seq_len,
+          bool causal)
+      : r0(first), n(std::min<int64_t>(kRows, rows - first)) {
     for (int r = 0; r < kRows; ++r) {
-      const int64_t visible = limit[r] - key0;
-      const __mmask16 ma = first_lanes(visible), mb = first_lanes(visible - 16);
-      if (!ma) {  // a row above the diagonal of this step: nothing to add
-        _mm512_store_si512(p[r], _mm512_setzero_si512());
-        continue;
-      }
-      const __m512 a = _mm512_mask_mov_ps(ninf, ma, _mm512_mul_ps(s[r][0], vscale));
-      const __m512 b = _mm512_mask_mov_ps(ninf, mb, _mm512_mul_ps(s[r][1], vscale));
-      const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
-      if (top > m[r] + kLazy) {
-        if (m[r] != -INFINITY) {  // this row's O and sum were accumulated against the old maximum
-          const __m512 grow = _mm512_set1_ps(std::exp(m[r] - top));
-          for (int x = 0; x < 4; ++x) o[r][x] = _mm512_mul_ps(o[r][x], grow);
-          lsum[r] = _mm512_mul_ps(lsum[r], grow);
+      const int64_t row = r0 + std::min<int64_t>(r, n - 1);
+      q[r] = q0 + row * q_stride;
+      limit[r] = causal ? context + row + 1 : seq_len;
+      for (int x = 0; x < 4; ++x) o[r][x] = _mm512_setzero_ps();
+      lsum[r] = _mm512_setzero_ps();
+      m[r] = -std::numeric_limits<float>::infinity();
+    }
+    steps = (limit[kRows - 1] + kKeys - 1) / kKeys;
+  }
+
+  // Steps [st0, st1) of the keys: the tile's state in registers for the walk, back to memory after it.
+  void walk(const uint16_t* kp, const uint16_t* vp, int64_t st0, int64_t st1, float scale) {
+    __m512 acc[kRows][4], ls[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      for (int x = 0; x < 4; ++x) acc[r][x] = o[r][x];
+      ls[r] = lsum[r];
+    }
+    alignas(64) uint16_t p[kRows][kKeys];
+    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t st = st0; st < st1; ++st) {
+      const uint16_t* kt = kp + st * 4 * kTile;
+      const uint16_t* vt = vp + st * 4 * kTile;
+      __m512 s[kRows][2];
+      for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
+      for (int64_t pr = 0; pr < kD / 2; ++pr) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + pr * 32);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + 2 * kTile + pr * 32);
+        for (int r = 0; r < kRows; ++r) {
+          const __m512bh qp = bcast_pair(q[r] + 2 * pr);
+          s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, qp);
+          s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, qp);
         }
-        m[r] = top;
       }
-      const __m512 vm = _mm512_set1_ps(m[r]);
-      const __m512 pa = _mm512_maskz_mov_ps(ma, exp512(_mm512_sub_ps(a, vm)));
-      const __m512 pb = _mm512_maskz_mov_ps(mb, exp512(_mm512_sub_ps(b, vm)));
-      // P rounded to bf16 (keys 0-15, then 16-31); the row sum is taken of the rounded values that multiply V
-      const __m512bh hp = _mm512_cvtne2ps_pbh(pb, pa);
-      _mm512_store_si512(p[r], (__m512i)hp);
-      lsum[r] = _mm512_add_ps(lsum[r], _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256((__m512i)hp)),
-                                                     _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64((__m512i)hp, 1))));
-    }
-    for (int64_t pr = 0; pr < kKeys / 2; ++pr) {
-      __m512bh vv[4];
-      for (int x = 0; x < 4; ++x) vv[x] = (__m512bh)_mm512_loadu_si512(vt + x * kTile + pr * 32);
+      const int64_t key0 = st * kKeys;
       for (int r = 0; r < kRows; ++r) {
-        const __m512bh pp = bcast_pair(p[r] + 2 * pr);
-        for (int x = 0; x < 4; ++x) o[r][x] = _mm512_dpbf16_ps(o[r][x], vv[x], pp);
+        const int64_t visible = limit[r] - key0;
+        const __mmask16 ma = first_lanes(visible), mb = first_lanes(visible - 16);
+        if (!ma) {  // a row above the diagonal of this step: nothing to add
+          _mm512_store_si512(p[r], _mm512_setzero_si512());
+          continue;
+        }
+        const __m512 a = _mm512_mask_mov_ps(ninf, ma, _mm512_mul_ps(s[r][0], vscale));
+        const __m512 b = _mm512_mask_mov_ps(ninf, mb, _mm512_mul_ps(s[r][1], vscale));
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+        if (top > m[r] + kLazy) {
+          if (m[r] != -INFINITY) {  // this row's O and sum were accumulated against the old maximum
+            const __m512 grow = _mm512_set1_ps(std::exp(m[r] - top));
+            for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_mul_ps(acc[r][x], grow);
+            ls[r] = _mm512_mul_ps(ls[r], grow);
+          }
+          m[r] = top;
+        }
+        const __m512 vm = _mm512_set1_ps(m[r]);
+        const __m512 pa = _mm512_maskz_mov_ps(ma, exp512(_mm512_sub_ps(a, vm)));
+        const __m512 pb = _mm512_maskz_mov_ps(mb, exp512(_mm512_sub_ps(b, vm)));
+        // P rounded to bf16 (keys 0-15, then 16-31); the row sum is taken of the rounded values that multiply V
+        const __m512bh hp = _mm512_cvtne2ps_pbh(pb, pa);
+        _mm512_store_si512(p[r], (__m512i)hp);
+        ls[r] = _mm512_add_ps(ls[r], _mm512_add_ps(_mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256((__m512i)hp)),
+                                                   _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64((__m512i)hp, 1))));
+      }
+      for (int64_t pr = 0; pr < kKeys / 2; ++pr) {
+        __m512bh vv[4];
+        for (int x = 0; x < 4; ++x) vv[x] = (__m512bh)_mm512_loadu_si512(vt + x * kTile + pr * 32);
+        for (int r = 0; r < kRows; ++r) {
+          const __m512bh pp = bcast_pair(p[r] + 2 * pr);
+          for (int x = 0; x < 4; ++x) acc[r][x] = _mm512_dpbf16_ps(acc[r][x], vv[x], pp);
+        }
       }
     }
+    for (int r = 0; r < kRows; ++r) {
+      for (int x = 0; x < 4; ++x) o[r][x] = acc[r][x];
+      lsum[r] = ls[r];
+    }
   }
-  for (int r = 0; r < n; ++r) {
-    const float sum = _mm512_reduce_add_ps(lsum[r]);
-    if (lse) lse[r * lse_stride] = m[r] + std::log(sum);
-    const __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (int x = 0; x < 4; ++x)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride + 16 * x),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(o[r][x], inv)));
+
+  // The real rows' outputs (and log-sum-exps of their scaled scores, at lse + r * lse_stride, when given).
+  void finish(uint16_t* out, int64_t out_stride, float* lse, int64_t lse_stride) const {
+    for (int r = 0; r < n; ++r) {
+      const float sum = _mm512_reduce_add_ps(lsum[r]);
+      if (lse) lse[r * lse_stride] = m[r] + std::log(sum);
+      const __m512 inv = _mm512_set1_ps(1.0f / sum);
+      for (int x = 0; x < 4; ++x)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride + 16 * x),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(o[r][x], inv)));
+    }
   }
-}
+};
 
 // The arguments as prefill_kv.h's prepare_prefill describes them.
 void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -131,14 +152,29 @@ void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k,
   const PrefillArgs a = prepare_prefill("prefill_attention", out, q, k, v, context, causal, lse);
   const auto* q_p = reinterpret_cast<const uint16_t*>(q.data_ptr());
   auto* o_p = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t blocks = (a.rows + kRows - 1) / kRows;
+  const int64_t blocks = (a.rows + kBlockRows - 1) / kBlockRows;
+  const float sc = static_cast<float>(scale);
   // tasks in head-major order: each thread's range walks whole causal triangles, so the threads' shares match
   at::parallel_for(0, a.hq * blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t h = t / blocks, r0 = (t % blocks) * kRows, kvh = h / a.group;
-      attend_rows(q_p + h * kD, q.stride(0), a.rows, r0, a.k_of(kvh), a.v_of(kvh), context, a.seq_len, causal,
-                  static_cast<float>(scale), o_p + r0 * out.stride(0) + h * kD, out.stride(0),
-                  a.lse ? a.lse + r0 * a.lse_row + h * a.lse_head : nullptr, a.lse_row);
+      const int64_t h = t / blocks, r0 = (t % blocks) * kBlockRows, kvh = h / a.group;
+      const int64_t n = std::min(kBlockRows, a.rows - r0);
+      const uint16_t* kp = a.k_of(kvh);
+      const uint16_t* vp = a.v_of(kvh);
+      alignas(64) unsigned char mem[kBlockRows / kRows][sizeof(RowTile)];
+      RowTile* tiles[kBlockRows / kRows];
+      const int64_t count = (n + kRows - 1) / kRows;
+      for (int64_t u = 0; u < count; ++u)
+        tiles[u] = new (mem[u]) RowTile(q_p + h * kD, q.stride(0), a.rows, r0 + u * kRows, context, a.seq_len, causal);
+      // the tiles take turns over each chunk of keys, which stays in L2 for all of them
+      for (int64_t c = 0; c < tiles[count - 1]->steps; c += kChunkSteps)
+        for (int64_t u = 0; u < count; ++u)
+          tiles[u]->walk(kp, vp, c, std::min(c + kChunkSteps, tiles[u]->steps), sc);
+      for (int64_t u = 0; u < count; ++u) {
+        const int64_t rr = tiles[u]->r0;
+        tiles[u]->finish(o_p + rr * out.stride(0) + h * kD, out.stride(0),
+                         a.lse ? a.lse + rr * a.lse_row + h * a.lse_head : nullptr, a.lse_row);
+      }
     }
   });
 }
