@@ -87,6 +87,23 @@ def test_quantized_batches_past_the_vnni_kernel_match_too(tiny_model_dir, stack_
     assert sum(stack_calls) >= 7, stack_calls
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])   # qwen2: q/k/v biases, passed to oneDNN
+def test_bf16_batches_past_the_tile_kernels_match_too(tiny_model_dir, stack_calls, family):
+    """136 requests at once: past the skinny matmul's 8 rows and AMX's 128 (where the CPU has AMX), the stack's
+    bf16 linears call oneDNN on the prepacked weight, as the Python layers do, so decode steps of any batch are one
+    native call (on CPUs without AMX the stack used to stop at 8 rows)."""
+    from tokenmill.layers.linear import AMX_MAX_ROWS
+
+    llm = LLM(str(tiny_model_dir(family)), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,
+              max_num_seqs=256)
+    prompts = [{"prompt_token_ids": [(31 * i + 7 * j) % 49000 + 10 for j in range(3 + i % 13)]} for i in range(136)]
+    assert len(prompts) > AMX_MAX_ROWS
+    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm, 4, prompts)
+    assert stack_tokens == eager_tokens
+    assert stack_logprobs == eager_logprobs
+    assert sum(stack_calls) >= 3, stack_calls
+
+
 @pytest.mark.parametrize("family,kwargs", [("qwen3", {}), ("mistral_window", {}), ("llama", {"dtype": "float32"})])
 def test_models_it_cannot_take_run_the_python_layers(tiny_model_dir, stack_calls, family, kwargs):
     """q/k norms, sliding windows, fp32 (the torch kernels): the stack declines once and is not asked again."""

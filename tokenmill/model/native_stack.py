@@ -3,8 +3,9 @@
 Eager Python spends ~6 ms of each batch-1 step of the embedded model between kernels (30 layers, ~40 torch
 calls each); the native loop calls the same kernels in the same order, so its output is the Python path's bit for
 bit, and the Python path stays the reference that every other case takes: prompts and chunks (attention through
-SDPA or AMX tiles), a shared-prefix (cascade) step, batches past a linear's tile path, LoRA, tensor or pipeline
-parallel, EAGLE's auxiliary hidden states, sliding windows, KV scales still to calibrate, the torch kernels.
+SDPA or the prompt kernels), a shared-prefix (cascade) step, batches past a quantized linear's kernels, LoRA,
+tensor or pipeline parallel, EAGLE's auxiliary hidden states, sliding windows, KV scales still to calibrate, the
+torch kernels. A bf16 linear takes any batch (past its tile kernels, oneDNN's matmul, as in Python).
 It is the CPU's counterpart of a captured CUDA graph; `--enforce-eager` turns it off, as it turns graphs off in
 vLLM.
 """
@@ -21,6 +22,7 @@ from tokenmill.utils import init_logger
 logger = init_logger(__name__)
 
 _TILES, _QUANTIZED = 0, 1
+ANY_ROWS = 1 << 30   # a bf16 linear takes any batch: its tile kernels, then oneDNN (as PackedWeight does)
 
 
 def _stack_class():
@@ -42,12 +44,12 @@ def _linear_spec(linear) -> tuple | None:
     if linear.lora is not None or linear.parallel is not None:
         return None
     k = linear.kernel
-    if isinstance(k, PackedWeight) and k.tiles is not None:
+    if isinstance(k, PackedWeight) and k.tiles is not None:   # past its tile path, oneDNN: any number of rows
         return (_TILES, k.tiles, None, None, k.bias, k.out_features, SKINNY_MAX_ROWS, k.tile_max_rows, 0, 0,
-                k.gated_on_amx), k.tile_max_rows
+                k.gated_on_amx, k.packed), ANY_ROWS
     if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, k.vnni_max_rows, k.max_rows, k.bits,
-                k.group, k.gated_on_amx), k.max_rows
+                k.group, k.gated_on_amx, None), k.max_rows
     return None
 
 

@@ -6,12 +6,14 @@
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
 // gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
-// A linear is either the AMX tile layout (skinny kernel up to small_max_rows, AMX matmul up to max_rows) or a
-// quantized weight (VNNI kernel up to small_max_rows, the AMX matmul over dequantized panels up to max_rows);
-// the limits are the Python layers' own (native_stack.py passes them), and the caller only sends steps whose
-// row count every linear takes this way.
+// A linear is either the AMX tile layout (skinny kernel up to small_max_rows, AMX matmul up to max_rows, oneDNN's
+// matmul on its prepacked weight beyond) or a quantized weight (VNNI kernel up to small_max_rows, the AMX matmul
+// over dequantized panels up to max_rows); the limits are the Python layers' own (native_stack.py passes them),
+// and the caller only sends steps whose row count every linear takes this way. On a CPU without AMX a decode
+// step of more than 8 rows is thus a native call too (its bf16 linears on oneDNN, as in Python).
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -23,9 +25,20 @@
 
 namespace {
 
+// y = x @ w^T + b by oneDNN on its prepacked weight: the op PackedWeight calls past its tile path.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                                               c10::string_view, c10::List<c10::optional<at::Scalar>>,
+                                               c10::optional<c10::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::nullopt);
+}
+
 struct StackLinear {
   bool quantized = false;
   at::Tensor w;                 // AMX tiles, or the packed quantized bytes
+  c10::optional<at::Tensor> onednn;  // tiles: the weight prepacked for oneDNN, for rows past max_rows
   at::Tensor scale;             // quantized: per-group scales
   c10::optional<at::Tensor> min, bias;
   int64_t n = 0, small_max_rows = 0, max_rows = 0, bits = 0, group = 0;
@@ -43,7 +56,10 @@ struct StackLinear {
 
   at::Tensor operator()(const at::Tensor& x) const {
     const int64_t rows = x.size(0);
-    TORCH_CHECK(rows <= max_rows, "decoder stack: ", rows, " rows exceed this linear's native paths");
+    if (rows > max_rows) {
+      TORCH_CHECK(onednn.has_value(), "decoder stack: ", rows, " rows exceed this linear's native paths");
+      return onednn_linear(x, *onednn, bias);
+    }
     if (rows > small_max_rows) return amx(x, false);
     if (!quantized) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
 #if defined(__AVX512VNNI__)
@@ -79,10 +95,11 @@ struct DecoderStack : torch::CustomClassHolder {
   }
 
   // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight. Up to
-  // small_max_rows rows its small-batch kernel (skinny or VNNI) runs, then the AMX matmul up to max_rows.
+  // small_max_rows rows its small-batch kernel (skinny or VNNI) runs, then the AMX matmul up to max_rows, then
+  // (tiles with a oneDNN-prepacked copy) oneDNN.
   void add_linear(int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale_, c10::optional<at::Tensor> min,
                   c10::optional<at::Tensor> bias, int64_t n, int64_t small_max_rows, int64_t max_rows, int64_t bits,
-                  int64_t group, bool gated_on_amx) {
+                  int64_t group, bool gated_on_amx, c10::optional<at::Tensor> onednn) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() < 4, "decoder stack: add_layer first, 4 linears each");
     StackLinear l;
     l.quantized = kind == 1;
@@ -96,6 +113,7 @@ struct DecoderStack : torch::CustomClassHolder {
     l.bits = bits;
     l.group = group;
     l.gated_on_amx = gated_on_amx;
+    l.onednn = std::move(onednn);
     layers.back().linears.push_back(std::move(l));
   }
 
