@@ -109,8 +109,8 @@ class NativeDecoderStack:
         self.max_rows = min(rows for layer_specs in specs for _, rows in layer_specs)
         self.cache = first.attn.kv_cache
         self.backend = first.attn.backend
-        logger.info("decode steps of up to %d tokens run the %d layers as one native call", self.max_rows,
-                    len(layers))
+        size = "of any size" if self.max_rows >= ANY_ROWS else f"of up to {self.max_rows} tokens"
+        logger.info("decode steps %s run the %d layers as one native call", size, len(layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor | None:
         """The final norm's output for this step, or None where the Python layers must run it."""
