@@ -79,16 +79,26 @@ struct RowTile {
     for (int64_t st = st0; st < st1; ++st) {
       const uint16_t* kt = kp + st * 4 * kTile;
       const uint16_t* vt = vp + st * 4 * kTile;
-      __m512 s[kRows][2];
-      for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
-      for (int64_t pr = 0; pr < kD / 2; ++pr) {
+      // each row's scores as two sums (even and odd pairs of dims) added at the end: 16 chains of dpbf16s
+      // instead of 8 keep both of a core's units busy (one chain per key half ran 10-20% slower on AMD Zen 5)
+      __m512 s[kRows][2], odd[kRows][2];
+      for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = odd[r][0] = odd[r][1] = _mm512_setzero_ps();
+      for (int64_t pr = 0; pr < kD / 2; pr += 2) {
         const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + pr * 32);
         const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + 2 * kTile + pr * 32);
+        const __m512bh k2 = (__m512bh)_mm512_loadu_si512(kt + (pr + 1) * 32);
+        const __m512bh k3 = (__m512bh)_mm512_loadu_si512(kt + 2 * kTile + (pr + 1) * 32);
         for (int r = 0; r < kRows; ++r) {
-          const __m512bh qp = bcast_pair(q[r] + 2 * pr);
-          s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, qp);
-          s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, qp);
+          const __m512bh qe = bcast_pair(q[r] + 2 * pr), qo = bcast_pair(q[r] + 2 * pr + 2);
+          s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, qe);
+          s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, qe);
+          odd[r][0] = _mm512_dpbf16_ps(odd[r][0], k2, qo);
+          odd[r][1] = _mm512_dpbf16_ps(odd[r][1], k3, qo);
         }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        s[r][0] = _mm512_add_ps(s[r][0], odd[r][0]);
+        s[r][1] = _mm512_add_ps(s[r][1], odd[r][1]);
       }
       const int64_t key0 = st * kKeys;
       for (int r = 0; r < kRows; ++r) {
