@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <new>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -53,9 +52,10 @@ struct RowTile {
   __m512 o[kRows][4], lsum[kRows];
   float m[kRows];
 
-  RowTile(const uint16_t* q0, int64_t q_stride, int64_t rows, int64_t first, int64_t context, int64_t seq_len,
-          bool causal)
-      : r0(first), n(std::min<int64_t>(kRows, rows - first)) {
+  void start(const uint16_t* q0, int64_t q_stride, int64_t rows, int64_t first, int64_t context, int64_t seq_len,
+             bool causal) {
+    r0 = first;
+    n = std::min<int64_t>(kRows, rows - first);
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = r0 + std::min<int64_t>(r, n - 1);
       q[r] = q0 + row * q_stride;
@@ -171,19 +171,17 @@ void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k,
       const int64_t n = std::min(kBlockRows, a.rows - r0);
       const uint16_t* kp = a.k_of(kvh);
       const uint16_t* vp = a.v_of(kvh);
-      alignas(64) unsigned char mem[kBlockRows / kRows][sizeof(RowTile)];
-      RowTile* tiles[kBlockRows / kRows];
+      RowTile tiles[kBlockRows / kRows];
       const int64_t count = (n + kRows - 1) / kRows;
       for (int64_t u = 0; u < count; ++u)
-        tiles[u] = new (mem[u]) RowTile(q_p + h * kD, q.stride(0), a.rows, r0 + u * kRows, context, a.seq_len, causal);
+        tiles[u].start(q_p + h * kD, q.stride(0), a.rows, r0 + u * kRows, context, a.seq_len, causal);
       // the tiles take turns over each chunk of keys, which stays in L2 for all of them
-      for (int64_t c = 0; c < tiles[count - 1]->steps; c += kChunkSteps)
-        for (int64_t u = 0; u < count; ++u)
-          tiles[u]->walk(kp, vp, c, std::min(c + kChunkSteps, tiles[u]->steps), sc);
+      for (int64_t c = 0; c < tiles[count - 1].steps; c += kChunkSteps)
+        for (int64_t u = 0; u < count; ++u) tiles[u].walk(kp, vp, c, std::min(c + kChunkSteps, tiles[u].steps), sc);
       for (int64_t u = 0; u < count; ++u) {
-        const int64_t rr = tiles[u]->r0;
-        tiles[u]->finish(o_p + rr * out.stride(0) + h * kD, out.stride(0),
-                         a.lse ? a.lse + rr * a.lse_row + h * a.lse_head : nullptr, a.lse_row);
+        const int64_t rr = tiles[u].r0;
+        tiles[u].finish(o_p + rr * out.stride(0) + h * kD, out.stride(0),
+                        a.lse ? a.lse + rr * a.lse_row + h * a.lse_head : nullptr, a.lse_row);
       }
     }
   });
