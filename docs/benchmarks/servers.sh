@@ -1,6 +1,12 @@
 # Start and stop the servers that the side-by-side scripts compare, and W2 through one of them. Sourced by a
-# script that has set B (its results folder), PEERS (../shared/peers), TM (tokenmill's CLI) and PY (the python
-# that runs the peers' clients).
+# script that has set B (its results folder); ROOT (the checkout), PEERS (../shared/peers), TM (tokenmill's CLI),
+# PY (the python that runs the peers' clients) and VLLM_ENV (vLLM bound to both cores) default to this layout's.
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+PEERS=${PEERS:-$ROOT/../shared/peers}
+TM=${TM:-$ROOT/.venv/bin/tokenmill}
+PY=${PY:-/tmp/peers/vllmcpu/bin/python}
+VLLM_ENV=${VLLM_ENV:-"VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0"}
+export HF_HUB_OFFLINE=1
 
 # --no-repack on a CPU with AMX: this llama.cpp build's AMX matmul (ggml_backend_amx_mul_mat) dies of a general
 # protection fault there at the first forward; without repacking it runs its AVX-512/VNNI vector path, as on CPUs

@@ -1,18 +1,12 @@
 #!/bin/bash
 # Issue 16's side-by-side table on this host, one window: W1-W3 offline against vLLM's CPU build (both cores
 # bound), W8-1/W8 offline against vLLM, W2 and W8-1 through the servers against llama.cpp's on the embedded Q4_1
-# file. (W4, whose servers take minutes to start, is not in it.)
+# file. (W4 through both servers: run_w4.sh beside it.)
 #   B=/tmp/bench/t16 docs/benchmarks/2026-12-03-prefill/run_table.sh
 set -x
 B=${B:-/tmp/bench/t16}; mkdir -p $B
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-PEERS=$ROOT/../shared/peers
-TM=$ROOT/.venv/bin/tokenmill
-PY=/tmp/peers/vllmcpu/bin/python
-export HF_HUB_OFFLINE=1
-VLLM_ENV="VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0"
+source "$(dirname "$0")/../servers.sh"   # ROOT, PEERS, TM, PY, VLLM_ENV; llama_up, llama_down, tm_up, tm_down, w2
 cd $ROOT
-source $ROOT/docs/benchmarks/servers.sh   # llama_up, llama_down, tm_up, tm_down, w2
 
 # W1-W3 offline: tokenmill, vLLM, tokenmill again
 $TM bench throughput --workload W1 --disable-tqdm --profile --output-json $B/tm_w1.json > $B/tm_w1.log 2>&1
