@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tokenmill.config import CacheConfig, SchedulerConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.core.scheduler import Scheduler
@@ -125,6 +127,33 @@ def test_long_prefill_token_threshold_caps_each_prompts_chunk():
             assert so.num_scheduled_tokens == {"a": 1, "b": 12, "c": 12}
 
 
+def test_prompt_tokens_are_capped_while_requests_decode():
+    """prefill_tokens_while_decoding 8 in a budget of 32: with "a" decoding, the step's prompt tokens (running
+    chunks and new requests together) stop at 8 and "a" keeps its token; once nothing decodes, a prompt takes the
+    whole budget again."""
+    import dataclasses
+
+    s = make_scheduler(budget=32)
+    s.config = dataclasses.replace(s.config, prefill_tokens_while_decoding=8)
+    add(s, "b", 40, base=500)
+    runner = FakeRunner()
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"b": 32}   # nothing decodes yet: the whole budget
+    s.update_from_output(so, runner(so, s))
+    add(s, "c", 60, base=700)
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"b": 8, "c": 24}   # both in their prompts: still the whole budget
+    s.update_from_output(so, runner(so, s))
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"b": 1, "c": 8}   # b decodes: c's chunk is capped
+    s.update_from_output(so, runner(so, s))
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"b": 1, "c": 8}
+    s.update_from_output(so, runner(so, s))
+    outputs = run_to_completion(s, runner)
+    assert {o.request_id for o in outputs if o.finished} == {"b", "c"}
+
+
 def test_preemption_then_resume():
     s = make_scheduler(num_blocks=6, budget=64, max_seqs=4)
     add(s, "old", 8, max_tokens=8)
@@ -237,3 +266,23 @@ def test_between_forwards_counts_host_time_but_not_an_idle_wait(monkeypatch):
     clock[0] += 0.03
     p.model_start()              # and counting resumes after it
     assert abs(p.seconds["between_forwards"] - 0.05) < 1e-9
+
+
+def test_the_server_caps_prompt_tokens_while_decoding_by_default_and_offline_does_not():
+    """`tokenmill serve` with the flag unset gets SERVER_PREFILL_TOKENS_WHILE_DECODING; an explicit value (0
+    included) stays; offline (LLM) leaves it uncapped."""
+    from tokenmill.cli.args import engine_args_from
+    from tokenmill.cli.main import build_parser
+    from tokenmill.config import SERVER_PREFILL_TOKENS_WHILE_DECODING, EngineArgs
+    from tokenmill.entrypoints.openai.server import server_engine_args
+
+    def served(*flags: str) -> int:
+        return server_engine_args(engine_args_from(build_parser().parse_args(["serve", *flags])))\
+            .prefill_tokens_while_decoding
+
+    assert served() == SERVER_PREFILL_TOKENS_WHILE_DECODING > 0
+    assert served("--prefill-tokens-while-decoding", "0") == 0
+    assert served("--prefill-tokens-while-decoding", "96") == 96
+    assert EngineArgs().create_engine_config().scheduler_config.prefill_tokens_while_decoding == 0
+    with pytest.raises(ValueError, match="prefill_tokens_while_decoding must be 0 .no cap. or positive, got -1"):
+        EngineArgs(prefill_tokens_while_decoding=-1).create_engine_config()

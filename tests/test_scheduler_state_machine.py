@@ -21,9 +21,10 @@ PREFIXES = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23], []]
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(budget=st.integers(4, 24), max_seqs=st.integers(1, 6))
-    def setup(self, budget: int, max_seqs: int):
-        self.s = Scheduler(SchedulerConfig(budget, max_seqs, 64, True, "fcfs"), CacheConfig(BS, NUM_BLOCKS, True))
+    @initialize(budget=st.integers(4, 24), max_seqs=st.integers(1, 6), prompt_cap=st.integers(0, 24))
+    def setup(self, budget: int, max_seqs: int, prompt_cap: int):
+        config = SchedulerConfig(budget, max_seqs, 64, True, "fcfs", prefill_tokens_while_decoding=prompt_cap)
+        self.s = Scheduler(config, CacheConfig(BS, NUM_BLOCKS, True))
         self.added: list[str] = []
         self.next_id = 0
 
@@ -45,8 +46,12 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def step(self, data):
+        running = {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.s.running}
         so = self.s.schedule()
         assert so.total_num_scheduled_tokens <= self.s.config.max_num_batched_tokens
+        cap = self.s.config.prefill_tokens_while_decoding
+        if cap and any(left <= 1 for left in running.values()):   # someone decodes: prompt tokens within the cap
+            assert sum(n for rid, n in so.num_scheduled_tokens.items() if running.get(rid, 2) > 1) <= cap
         ids, sampled, spec = [], [], {}
         for rid in so.num_scheduled_tokens:
             req = self.s.requests[rid]

@@ -39,6 +39,12 @@ def check_quantization(name: str | None, group_size: int = 32, model_format: str
         raise ValueError("--quantization gguf needs a .gguf model; for a safetensors model use int8 or int4")
 
 
+# The server's prompt tokens per step while requests decode: a step of 512 prompt rows beside the decodes takes
+# ~0.2 s on 2 cores, one of 2,048 ~1 s (W4 all at once: inter-token p99 0.27-0.30 s against 0.72-0.85 s,
+# docs/benchmarks/2026-12-03-itl).
+SERVER_PREFILL_TOKENS_WHILE_DECODING = 512
+
+
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
@@ -78,6 +84,12 @@ class EngineArgs:
     long_prefill_token_threshold: int = _arg(0, "Most prompt tokens one request computes in a step (0: no cap), "
                                                 "so running requests' next tokens never wait behind a long "
                                                 "prompt's whole chunk.")
+    prefill_tokens_while_decoding: int | None = _arg(
+        None, f"Most prompt tokens of one step while other requests are decoding (0: no cap beyond "
+              f"--max-num-batched-tokens), so their next tokens wait behind at most this much prompt work; a step "
+              f"with no decodes takes the whole budget. Default: {SERVER_PREFILL_TOKENS_WHILE_DECODING} for the "
+              f"server, whose clients watch tokens stream; no cap offline (LLM, complete, chat), where throughput "
+              f"comes first (vLLM, too, picks its step budget by entry point).")
     max_num_seqs: int = _arg(256, "Most requests running at once.")
     scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first).",
                                   choices=["fcfs", "priority"])
@@ -159,6 +171,9 @@ class EngineArgs:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got "
                              f"{self.long_prefill_token_threshold}")
+        prompt_cap = self.prefill_tokens_while_decoding or 0
+        if prompt_cap < 0:
+            raise ValueError(f"prefill_tokens_while_decoding must be 0 (no cap) or positive, got {prompt_cap}")
         if self.max_queue_time is not None and self.max_queue_time <= 0:
             raise ValueError(f"max_queue_time must be positive, got {self.max_queue_time}")
         batched = self.max_num_batched_tokens
@@ -169,7 +184,8 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
             max_queue_time=self.max_queue_time, max_loras=lora.max_loras if lora else 1,
             num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
-            long_prefill_token_threshold=self.long_prefill_token_threshold if self.enable_chunked_prefill else 0)
+            long_prefill_token_threshold=self.long_prefill_token_threshold if self.enable_chunked_prefill else 0,
+            prefill_tokens_while_decoding=prompt_cap if self.enable_chunked_prefill else 0)
         model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
         if self.cpu_bind not in ("auto", "none"):
             from tokenmill.platform import parse_cpu_list
@@ -314,6 +330,7 @@ class SchedulerConfig:
     max_queue_time: float | None = None  # seconds a request may wait before its first step
     max_loras: int = 1                  # distinct adapters running at once (their slots in the model)
     long_prefill_token_threshold: int = 0  # most prompt tokens of one request in a step; 0: no cap
+    prefill_tokens_while_decoding: int = 0  # most prompt tokens of a step that carries decodes; 0: no cap
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 There are no phases, only counters: each step every running request is handed
 `num_tokens - num_computed_tokens` tokens (capped by the budget), so decodes, prompt chunks and
 recomputation after preemption all fall out of the same loop. Running requests go first, then waiting
-ones while budget, sequence slots and KV blocks last. When blocks run out, the lowest-priority (or newest)
-running request is preempted: its blocks go back and it is recomputed later; nothing is dropped.
-Speculative drafts are more of the same: a request's `spec_token_ids` are scheduled as extra tokens, and
+ones while budget, sequence slots and KV blocks last. While some requests decode, the prompt tokens of a step
+are capped (prefill_tokens_while_decoding), so a decode never waits behind a whole budget of prompt work (a
+2,048-token chunk is ~1 s on 2 cores; W4's inter-token p99 was that step). When blocks run out, the
+lowest-priority (or newest) running request is preempted: its blocks go back and it is recomputed later; nothing
+is dropped. Speculative drafts are more of the same: a request's `spec_token_ids` are scheduled as extra tokens, and
 after verification the computed count steps back over the rejected ones, whose slots are given back.
 """
 
@@ -35,6 +37,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._stats = SchedulerStats()
         self.peak_blocks_in_use = 0
+        self._prompt_budget = 0   # prompt tokens the step being scheduled may still take
         self.peak_num_running = 0  # most requests running in one step (W5: how many fit the KV cache)
         # at the peak of blocks in use: tokens of the running requests per allocated slot (the share of KV memory
         # holding real tokens; above 1 when requests share prefix blocks)
@@ -76,11 +79,20 @@ class Scheduler:
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
         spec: dict[str, list[int]] = {}
+        self._prompt_budget = self._prompt_tokens_allowed()
         budget = self._schedule_running(budget, num_scheduled, new_blocks, preempted, spec)
         admitted: list[Request] = []
         if not preempted:
             self._schedule_waiting(budget, num_scheduled, admitted)
         return self._build_output(num_scheduled, new_blocks, admitted, preempted, spec)
+
+    def _prompt_tokens_allowed(self) -> int:
+        """Prompt tokens this step may compute: the cap while any running request is decoding (its next token is
+        its only uncomputed one), else no limit beyond the step's budget."""
+        cap = self.config.prefill_tokens_while_decoding
+        if cap > 0 and any(r.num_tokens - r.num_computed_tokens <= 1 for r in self.running):
+            return cap
+        return self.config.max_num_batched_tokens
 
     def _schedule_running(self, budget: int, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
                           preempted: list[Request], spec: dict[str, list[int]]) -> int:
@@ -88,8 +100,11 @@ class Scheduler:
         lookahead = self.config.num_lookahead_tokens
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(self._prompt_chunk(req.num_tokens - req.num_computed_tokens) + self._num_useful_drafts(req),
-                          budget)
+            remaining = req.num_tokens - req.num_computed_tokens
+            if remaining > 1:   # a prompt (or its recomputation): its chunk counts against the prompt budget
+                num_new = prompt = min(self._prompt_chunk(remaining), budget, self._prompt_budget)
+            else:               # a decode: its token and drafts
+                num_new, prompt = min(remaining + self._num_useful_drafts(req), budget), 0
             if num_new <= 0:
                 i += 1
                 continue
@@ -104,6 +119,7 @@ class Scheduler:
             if blocks is None:
                 break  # the request itself was preempted: no room for anything after it either
             num_scheduled[req.request_id] = num_new
+            self._prompt_budget -= prompt
             new_blocks[req.request_id] = [b.block_id for b in blocks]
             num_drafts = req.num_computed_tokens + num_new - req.num_tokens
             if num_drafts > 0:
@@ -161,7 +177,9 @@ class Scheduler:
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = min(self._prompt_chunk(num_new), budget)
+            num_new = min(self._prompt_chunk(num_new), budget, self._prompt_budget)
+            if num_new <= 0:
+                break
             if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
                                  self.config.num_lookahead_tokens) is None:
                 break
@@ -173,6 +191,7 @@ class Scheduler:
                 req.first_scheduled_time = time.time()
             num_scheduled[req.request_id] = num_new
             budget -= num_new
+            self._prompt_budget -= num_new
             admitted.append(req)
             if lora is not None:   # (loras was gathered above)
                 loras.add(lora.lora_int_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hmac
 import os
 import signal
@@ -19,6 +20,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenmill import __version__
+from tokenmill.config import SERVER_PREFILL_TOKENS_WHILE_DECODING, EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, RequestTimeoutError
 from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.entrypoints.openai.chat_output import ChatOutputOptions
@@ -271,6 +273,14 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     return app
 
 
+def server_engine_args(args: EngineArgs) -> EngineArgs:
+    """The server's defaults where the flags left them open: its clients watch tokens stream, so a step that
+    carries decodes takes at most SERVER_PREFILL_TOKENS_WHILE_DECODING prompt tokens."""
+    if args.prefill_tokens_while_decoding is None:
+        return dataclasses.replace(args, prefill_tokens_while_decoding=SERVER_PREFILL_TOKENS_WHILE_DECODING)
+    return args
+
+
 def run_server(ns: argparse.Namespace) -> int:
     """Start the engine core and the API server; returns the process exit code."""
     if ns.data_parallel_size < 1:
@@ -279,7 +289,7 @@ def run_server(ns: argparse.Namespace) -> int:
 
     from tokenmill.cli.args import engine_args_from
 
-    args = engine_args_from(ns)
+    args = server_engine_args(engine_args_from(ns))
     config = args.create_engine_config()   # imports no torch for a GGUF model on a CPU-only torch (~2-3 s)
     if "torch" in sys.modules:   # a model folder's config class imports it
         sys.modules["torch"].set_num_threads(1)  # the model's threads belong to the engine-core process
