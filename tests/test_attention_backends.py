@@ -85,6 +85,20 @@ def test_backend_bf16_close_to_reference(backend):
 
 
 @pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+def test_prompts_whose_k_and_v_have_different_strides(backend):
+    """The model's unfused path (qk-norm models, a cache whose scales are being calibrated) passes rotated K as
+    a tensor of its own and V as a view into the qkv output: the two have different token strides. The native
+    prompt kernels take one stride for both (a bf16 fp8-cache engine died here at its warm-up)."""
+    q, k, v, cache, md = _case([7, 40], [0, 0], 16, 9, 3, 64, torch.bfloat16)
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    v_view = qkv[:, (9 + 3) * 64:].view(-1, 3, 64)
+    assert k.stride(0) != v_view.stride(0)
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
+    out = get_backend(backend, "cpu").forward(q, k, v_view, cache, md, 0.125)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("block_size, hq, hkv, d", [(16, 9, 3, 64), (8, 4, 4, 64), (16, 4, 2, 32)])
 @pytest.mark.parametrize("window", [1, 5, 16, 37])

@@ -167,4 +167,6 @@ def native_prompt_row(op, q, k, v, kv_cache, md, scale, i: int, out: torch.Tenso
     """sdpa_prompt_row on a native prompt kernel (bf16, head_dim 64): on AMX tiles 1.6-1.9x torch's flash
     attention on prompts (Intel Xeon); with AVX-512 BF16 4-6x (AMD Zen 5, where torch's runs MKL's fp32 sgemm)."""
     start, end, context, ki, vi = prompt_row_kv(k, v, kv_cache, md, i, scales)
+    if ki.stride(0) != vi.stride(0):   # rotated K of its own beside V still in the qkv output: one stride for both
+        ki, vi = ki.contiguous(), vi.contiguous()
     op(out[start:end], q[start:end], ki, vi, scale, context)
