@@ -5,7 +5,7 @@ There are no phases, only counters: each step every running request is handed
 recomputation after preemption all fall out of the same loop. Running requests go first, then waiting
 ones while budget, sequence slots and KV blocks last. While some requests decode, the prompt tokens of a step
 are capped (prefill_tokens_while_decoding), so a decode never waits behind a whole budget of prompt work (a
-2,048-token chunk is ~1 s on 2 cores; W4's inter-token p99 was that step). When blocks run out, the
+2,048-token chunk is ~0.8 s on 2 cores; W4's inter-token p99 was that step). When blocks run out, the
 lowest-priority (or newest) running request is preempted: its blocks go back and it is recomputed later; nothing
 is dropped. Speculative drafts are more of the same: a request's `spec_token_ids` are scheduled as extra tokens, and
 after verification the computed count steps back over the rejected ones, whose slots are given back.
@@ -37,7 +37,6 @@ class Scheduler:
         self.num_preemptions = 0
         self._stats = SchedulerStats()
         self.peak_blocks_in_use = 0
-        self._prompt_budget = 0   # prompt tokens the step being scheduled may still take
         self.peak_num_running = 0  # most requests running in one step (W5: how many fit the KV cache)
         # at the peak of blocks in use: tokens of the running requests per allocated slot (the share of KV memory
         # holding real tokens; above 1 when requests share prefix blocks)
@@ -79,11 +78,11 @@ class Scheduler:
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
         spec: dict[str, list[int]] = {}
-        self._prompt_budget = self._prompt_tokens_allowed()
-        budget = self._schedule_running(budget, num_scheduled, new_blocks, preempted, spec)
+        budget, prompt_budget = self._schedule_running(budget, self._prompt_tokens_allowed(), num_scheduled,
+                                                       new_blocks, preempted, spec)
         admitted: list[Request] = []
         if not preempted:
-            self._schedule_waiting(budget, num_scheduled, admitted)
+            self._schedule_waiting(budget, prompt_budget, num_scheduled, admitted)
         return self._build_output(num_scheduled, new_blocks, admitted, preempted, spec)
 
     def _prompt_tokens_allowed(self) -> int:
@@ -94,15 +93,17 @@ class Scheduler:
             return cap
         return self.config.max_num_batched_tokens
 
-    def _schedule_running(self, budget: int, num_scheduled: dict[str, int], new_blocks: dict[str, list[int]],
-                          preempted: list[Request], spec: dict[str, list[int]]) -> int:
+    def _schedule_running(self, budget: int, prompt_budget: int, num_scheduled: dict[str, int],
+                          new_blocks: dict[str, list[int]], preempted: list[Request],
+                          spec: dict[str, list[int]]) -> tuple[int, int]:
+        """Tokens for the running requests; returns what is left of the step's budget and of its prompt budget."""
         i = 0
         lookahead = self.config.num_lookahead_tokens
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             remaining = req.num_tokens - req.num_computed_tokens
             if remaining > 1:   # a prompt (or its recomputation): its chunk counts against the prompt budget
-                num_new = prompt = min(self._prompt_chunk(remaining), budget, self._prompt_budget)
+                num_new = prompt = min(self._prompt_chunk(remaining), budget, prompt_budget)
             else:               # a decode: its token and drafts
                 num_new, prompt = min(remaining + self._num_useful_drafts(req), budget), 0
             if num_new <= 0:
@@ -119,7 +120,7 @@ class Scheduler:
             if blocks is None:
                 break  # the request itself was preempted: no room for anything after it either
             num_scheduled[req.request_id] = num_new
-            self._prompt_budget -= prompt
+            prompt_budget -= prompt
             new_blocks[req.request_id] = [b.block_id for b in blocks]
             num_drafts = req.num_computed_tokens + num_new - req.num_tokens
             if num_drafts > 0:
@@ -127,7 +128,7 @@ class Scheduler:
             req.spec_token_ids = []
             budget -= num_new
             i += 1
-        return budget
+        return budget, prompt_budget
 
     def _prompt_chunk(self, num_new: int) -> int:
         """A request's new tokens for this step, capped at long_prefill_token_threshold (vLLM's name) when set."""
@@ -160,7 +161,8 @@ class Scheduler:
         self._stats.num_preemptions += 1
         self.waiting.prepend(req)
 
-    def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int], admitted: list[Request]) -> None:
+    def _schedule_waiting(self, budget: int, prompt_budget: int, num_scheduled: dict[str, int],
+                          admitted: list[Request]) -> None:
         kv = self.kv_cache_manager
         loras: set[int] | None = None   # adapters running, gathered when a waiting request has one
         skipped: list[Request] = []   # their adapter would be one more than max_loras: they wait for a slot
@@ -177,7 +179,7 @@ class Scheduler:
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = min(self._prompt_chunk(num_new), budget, self._prompt_budget)
+            num_new = min(self._prompt_chunk(num_new), budget, prompt_budget)
             if num_new <= 0:
                 break
             if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
@@ -191,7 +193,7 @@ class Scheduler:
                 req.first_scheduled_time = time.time()
             num_scheduled[req.request_id] = num_new
             budget -= num_new
-            self._prompt_budget -= num_new
+            prompt_budget -= num_new
             admitted.append(req)
             if lora is not None:   # (loras was gathered above)
                 loras.add(lora.lora_int_id)
