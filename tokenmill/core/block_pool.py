@@ -31,6 +31,9 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[bytes, KVCacheBlock] = {}
+        # the largest block id ever handed out: blocks above it have never held a value (what the idle
+        # pre-fault of the KV cache may write over)
+        self.high_water = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -55,6 +58,8 @@ class BlockPool:
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
+            if block.block_id > self.high_water:
+                self.high_water = block.block_id
         return out
 
     def _evict(self, block: KVCacheBlock) -> None:

@@ -67,6 +67,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
     kv_socket = core.kv_connector.socket if core.kv_connector is not None else None
     if kv_socket is not None:   # a prefill instance wakes for KV pulls as for requests
         poller.register(kv_socket, zmq.POLLIN)
+    prefaulting = True
     try:
         while True:
             if os.getppid() != parent:   # the API server is gone (a parallel engine is not a daemon process)
@@ -75,7 +76,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
             busy = core.has_unfinished_requests()
             errors: dict[str, str] = {}
             had_input = state_asked = False
-            ready = dict(poller.poll(0 if busy else _IDLE_POLL_MS))
+            ready = dict(poller.poll(0 if busy or prefaulting else _IDLE_POLL_MS))
             if api_exit is not None and api_exit in ready:
                 logger.error("the API server process exited: stopping the engine")
                 return
@@ -108,7 +109,9 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
                 if state_asked:
                     outputs.state = core.snapshot()
                 out.send_multipart([b"OUT", encoder.encode(outputs)])
-            elif had_input:
+            elif not had_input:
+                prefaulting = core.prefault_idle_kv()   # idle: the KV cache's next untouched pages
+            else:
                 stats = core.scheduler.make_stats()
                 out.send_multipart([b"OUT", encoder.encode(EngineCoreOutputs(
                     scheduler_stats=stats, errors=errors, timestamp=time.time(),

@@ -18,10 +18,13 @@ from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest, Engi
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.executor.base import Executor
 from tokenmill.profiling import StepProfile
-from tokenmill.utils import init_logger
+from tokenmill.utils import format_bytes, init_logger
 
 logger = init_logger(__name__)
 
+# What one idle pre-fault call writes of the KV cache (~13 ms at a VM's first-touch rate): the longest a request
+# arriving meanwhile waits for it.
+PREFAULT_BYTES = 8 << 20
 # The warm-up request's prompt: enough to build every kernel path a first request takes.
 WARMUP_TOKENS = 256
 # ... and where it calibrates a quantized KV cache, its prompt is the calibration text (up to this many tokens),
@@ -84,6 +87,8 @@ class EngineCore:
         self.checked_loras: set[tuple[int, str]] = set()
         self.kv_connector = None
         self._warm_up()
+        self._prefault_next = 1   # the next KV block the idle pre-fault writes (None: done, or not this executor's)
+        self._prefault_bytes, self._prefault_seconds = 0, 0.0   # for its closing log line
         if config.kv_transfer_config is not None:
             from tokenmill.kv_transfer.connector import KVConnector
 
@@ -117,6 +122,30 @@ class EngineCore:
         sched.peak_token_share = 0.0
         self.profile.reset()
         logger.info("warm-up step done in %.2f s (%d tokens)", time.perf_counter() - t0, len(prompt))
+
+    def prefault_idle_kv(self) -> bool:
+        """Called while no request is waiting or running: write the next ~8 MiB of the KV cache's never-used
+        blocks (the free queue hands them out in id order), so the first requests after a start do not pay the
+        first touch of each page (~0.6 GB/s in this project's VMs, ~6% of W4's time; vLLM zeroes its whole cache
+        at start instead, 2-7 s for 4 GiB here). True while blocks remain."""
+        if self._prefault_next is None:
+            return False
+        t0 = time.perf_counter()
+        pool = self.scheduler.kv_cache_manager.pool
+        start = max(self._prefault_next, pool.high_water + 1)
+        cc = self.config.cache_config
+        block_bytes = max(1, cc.kv_bytes_per_token(self.config.model_config) * cc.block_size)
+        end = min(start + max(1, PREFAULT_BYTES // block_bytes), pool.num_blocks + 1)
+        if start >= end or not self.executor.prefault_kv(start, end):
+            if self._prefault_bytes:
+                logger.info("KV cache: %s of untouched pages written while idle, in %.1f s",
+                            format_bytes(self._prefault_bytes), self._prefault_seconds)
+            self._prefault_next = None
+            return False
+        self._prefault_bytes += (end - start) * block_bytes
+        self._prefault_seconds += time.perf_counter() - t0
+        self._prefault_next = end
+        return True
 
     def add_request(self, req: EngineCoreRequest) -> None:
         max_model_len = self.config.scheduler_config.max_model_len

@@ -26,3 +26,6 @@ class UniprocExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
+
+    def prefault_kv(self, first_block: int, end_block: int) -> bool:
+        return self.runner.prefault_kv(first_block, end_block)
