@@ -83,6 +83,30 @@ def test_lru_eviction_order():
     assert kv.get_computed_blocks(make_req("o2", list(range(100, 109))))[1] == 0
 
 
+def test_blocks_without_a_hash_are_reused_before_cached_and_never_used_ones():
+    """A freed block that holds no full, hashed block goes to the free queue's front: the next allocation takes
+    it rather than a never-used block (whose first touch costs time) or a cached one (whose hit it would lose)."""
+    kv = KVCacheManager(num_blocks=6, block_size=BS)
+    cached = make_req("cached", list(range(100, 108)))   # two full blocks: both hashed
+    kv.allocate_slots(cached, 8)
+    partial = make_req("partial", list(range(200, 206)))   # one full block, one partial (no hash)
+    kv.allocate_slots(partial, 6)
+    partial_tail = kv.get_block_ids("partial")[1]
+    kv.free(cached)
+    kv.free(partial)
+    assert kv.pool.high_water == 4
+    kv.allocate_slots(make_req("x", list(range(300, 303))), 3)
+    assert kv.get_block_ids("x") == [partial_tail]
+    assert kv.pool.high_water == 4   # no never-used block was written
+    assert kv.get_computed_blocks(make_req("c2", list(range(100, 109))))[1] == 8   # the cached ones survive
+    uncached = KVCacheManager(num_blocks=6, block_size=BS, enable_caching=False)
+    for i in range(5):   # one stream after another reuses its own blocks, never the untouched rest
+        r = make_req(f"r{i}", list(range(400, 410)))
+        uncached.allocate_slots(r, 10)
+        uncached.free(r)
+    assert uncached.pool.high_water == 3
+
+
 def test_allocation_fails_without_side_effects():
     kv = KVCacheManager(num_blocks=3, block_size=BS)
     a = make_req("a", list(range(12)))
