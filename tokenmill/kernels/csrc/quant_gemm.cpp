@@ -206,32 +206,25 @@ void tile_rows(int64_t rows, const QuantView& w, const QuantRows& a, int64_t r0,
   }
 }
 
-// Output blocks [b0, b1) for all m rows: J blocks' weights (a few KB) stay in L1 while every 4-row tile of x
-// (from L2) passes over them, so the weights are read from memory once per call whatever the batch.
+// Output blocks [b0, b1) for all m rows, one block at a time: its weights (a few KB) stay in L1 while every
+// 4-row tile of x (from L2) passes over them, so the weights are read from memory once per call whatever the
+// batch. One block per tile, one stream: two or four blocks side by side (J > 1) read slower on AMD Zen 5
+// (a step's 120 linears at one row: int8 2.9-3.2 -> 2.7 ms, int4 1.75-2.0 -> 1.6-1.8; at two rows int8
+// 3.4-3.5 -> 3.1, int4 equal; the tied lm head in int8 0.78 -> 0.65 ms) and equal on Zen 4.
 template <int BITS>
 void gemm_range(int64_t m, const QuantView& w, const QuantRows& a, const float* bias, uint16_t* y, int64_t b0,
                 int64_t b1) {
   constexpr int kRows = 4;
-  // blocks at once: two where two rows share each load; one at one row, where the tile's loads are the only
-  // work and one stream reads faster than four interleaved (AMD Zen 5: a step's 120 linears in int8 2.9-3.2 ->
-  // 2.7 ms, int4 1.75-2.0 -> 1.6-1.8; the tied lm head in int8 0.78 -> 0.65 ms; equal on Zen 4)
-  const int64_t j_rows = m == 2 ? 2 : 1;
   {  // the first tile has no tile before it to ask for its lines: ask for them all at once
-    const int64_t end = std::min<int64_t>(b1, b0 + j_rows), ng = w.groups();
-    for (const uint8_t* p = w.q + b0 * w.block_bytes(); p < w.q + end * w.block_bytes(); p += 64) prefetch_l2(p);
-    for (int64_t i = b0 * ng * kBlockN; i < end * ng * kBlockN; i += 32) {  // 32 fp16 values: one line
+    const int64_t ng = w.groups();
+    for (const uint8_t* p = w.q + b0 * w.block_bytes(); p < w.q + (b0 + 1) * w.block_bytes(); p += 64)
+      prefetch_l2(p);
+    for (int64_t i = b0 * ng * kBlockN; i < (b0 + 1) * ng * kBlockN; i += 32) {  // 32 fp16 values: one line
       prefetch_l2(w.scale + i);
       if constexpr (BITS == 4) prefetch_l2(w.min + i);
     }
   }
-  int64_t b = b0;
-  for (; b + j_rows <= b1; b += j_rows)
-    for (int64_t r = 0; r < m; r += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, m - r);
-      if (j_rows == 2) tile_rows<2, BITS>(rows, w, a, r, bias, y, b);
-      else tile_rows<1, BITS>(rows, w, a, r, bias, y, b);
-    }
-  for (; b < b1; ++b)
+  for (int64_t b = b0; b < b1; ++b)
     for (int64_t r = 0; r < m; r += kRows) tile_rows<1, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
 }
 
