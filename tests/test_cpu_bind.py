@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,3 +56,41 @@ def test_a_second_engine_in_the_process_gets_every_core():
     assert out.returncode == 0, out.stderr
     same, first, second = out.stdout.split()
     assert same == "True" and first == second, out.stdout
+
+
+def test_front_end_keeps_off_each_rank_host_cpu(monkeypatch):
+    """The server's front end and the engines' message threads take CPUs no engine thread uses if there are any,
+    else every CPU but those where an engine rank's first intra-op thread (which also runs its Python) is
+    pinned; nothing is moved when nothing is pinned or no CPU would be left."""
+    import tokenmill.platform as platform
+
+    monkeypatch.setattr(platform, "_process_cpus", [0, 1, 2, 3])
+    assert platform.engine_host_cpus("0-3", 1) == ([0, 1, 2, 3], [0])
+    assert platform.engine_host_cpus("0-3", 2) == ([0, 1, 2, 3], [0, 2])   # two ranks: CPUs 0-1 and 2-3
+    assert platform.engine_host_cpus("1-2", 1) == ([1, 2], [1])
+    assert platform.engine_host_cpus("none", 1) == ([], [])
+    assert platform.side_cpus([0, 1, 2, 3], [0]) == [1, 2, 3]
+    assert platform.side_cpus([0, 1, 2, 3], [0, 2]) == [1, 3]
+    assert platform.side_cpus([1, 2], [1]) == [0, 3]          # CPUs the engine leaves free come first
+    assert platform.side_cpus([], []) is None
+    assert platform.side_cpus([0, 1, 2, 3], [0, 1, 2, 3]) is None
+
+
+def test_server_threads_leave_the_engine_host_cpu():
+    """The API server's threads (zmq's included) move off the CPU of the engine's host thread once the engine
+    has started; in a child process, so this test process keeps its own threads."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nowhere else to go")
+    code = ("import json, os, types, zmq; from tokenmill.config import EngineArgs; "
+            "from tokenmill.entrypoints.openai.server import keep_off_engine_host_cpus; "
+            "from tokenmill.platform import engine_host_cpus; "
+            "ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.bind('inproc://x'); "
+            "config = EngineArgs().create_engine_config(); "
+            "keep_off_engine_host_cpus(types.SimpleNamespace(client=types.SimpleNamespace(config=config))); "
+            "masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')]; "
+            "print(json.dumps([engine_host_cpus('auto', 1)[1], masks]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    hosts, masks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert hosts and len(masks) >= 3   # the main thread and zmq's two
+    assert all(m and set(m).isdisjoint(hosts) for m in masks)

@@ -163,6 +163,37 @@ def bind_cpu_threads(cpu_bind: str, cpus: list[int] | None = None) -> str:
     return f"{len(cpus)} threads pinned to CPUs {','.join(map(str, cpus))}"
 
 
+def engine_host_cpus(cpu_bind: str, world_size: int) -> tuple[list[int], list[int]]:
+    """The CPUs an engine's threads are pinned to, and among them the CPU of each rank's first intra-op thread,
+    which also runs the rank's Python between forwards (scheduling, inputs, outputs); none where the threads
+    are not pinned."""
+    if cpu_bind == "none":
+        return [], []
+    cpus = engine_cpus(cpu_bind)
+    return cpus, sorted({rank_cpus(cpus, r, world_size)[0] for r in range(world_size)})
+
+
+def side_cpus(engine: list[int], hosts: list[int]) -> list[int] | None:
+    """Where a server's front end and the engines' message threads belong: CPUs no engine thread is pinned to
+    if there are any, else every CPU but the engines' host CPUs. Their work for each step (~0.6 ms of a
+    streamed token at batch 1) then lands beside an intra-op thread that only waits while the host thread
+    prepares the next step, not on the host thread's own core: on 2 cores that cut a batch-1 step's time
+    between forwards from 0.67-0.89 to 0.38-0.43 ms. None where nothing is pinned or no CPU would be left."""
+    if not hosts:
+        return None
+    free = [c for c in process_cpus() if c not in set(engine)]
+    return free or [c for c in process_cpus() if c not in set(hosts)] or None
+
+
+def pin_process_threads(cpus: list[int]) -> None:
+    """Every thread of this process (and so the threads they start) onto `cpus`."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:   # a thread that has just exited
+            pass
+
+
 # glibc mallopt parameters, and its ceiling on the mmap threshold on 64-bit systems
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _MMAP_THRESHOLD_MAX = 32 << 20

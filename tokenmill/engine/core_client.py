@@ -49,6 +49,11 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
     from tokenmill.engine.engine_core import EngineCore
 
     ctx = zmq.Context()
+    from tokenmill.platform import engine_host_cpus, side_cpus
+
+    # zmq's I/O threads start with the first socket: keep them off the host thread's core (side_cpus says why)
+    for cpu in side_cpus(*engine_host_cpus(config.cpu_bind, config.parallel_config.world_size)) or ():
+        ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, cpu)
     inp = ctx.socket(zmq.PULL)
     inp.connect(input_addr)
     out = ctx.socket(zmq.PUSH)

@@ -281,6 +281,22 @@ def server_engine_args(args: EngineArgs) -> EngineArgs:
     return args
 
 
+def keep_off_engine_host_cpus(engine: AsyncLLM) -> None:
+    """Moves this process's threads (the event loop, zmq's, the tokenizer's) off the CPUs whose engine thread
+    runs the engine's Python between forwards (platform.side_cpus says why). Called once the engine processes
+    have started, so they keep every CPU."""
+    from tokenmill.platform import engine_host_cpus, pin_process_threads, side_cpus
+
+    clients = getattr(engine.client, "clients", None) or [engine.client]
+    pinned = [engine_host_cpus(c.config.cpu_bind, c.config.parallel_config.world_size) for c in clients]
+    hosts = sorted({cpu for _, h in pinned for cpu in h})
+    cpus = side_cpus(sorted({cpu for e, _ in pinned for cpu in e}), hosts)
+    if cpus is not None:
+        pin_process_threads(cpus)
+        logger.info("API server threads on CPUs %s (the engine's host thread has CPU %s)",
+                    ",".join(map(str, cpus)), ",".join(map(str, hosts)))
+
+
 def run_server(ns: argparse.Namespace) -> int:
     """Start the engine core and the API server; returns the process exit code."""
     if ns.data_parallel_size < 1:
@@ -316,6 +332,7 @@ def run_server(ns: argparse.Namespace) -> int:
     # every flag is checked by now: the engine core starts loading while this process loads the tokenizer
     engine = AsyncLLM(config, stat_observers=[metrics.record_engine, recent.record_engine],
                       output_observers=observers, data_parallel_size=ns.data_parallel_size, launch=True)
+    keep_off_engine_host_cpus(engine)
     try:
         app = build_app(engine, metrics, name, api_key, limits, options, liveness, inputs, ns.cost_per_hour, recent,
                         loras, ns.allow_runtime_lora_updating)
