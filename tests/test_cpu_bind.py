@@ -76,11 +76,17 @@ def test_front_end_keeps_off_each_rank_host_cpu(monkeypatch):
     assert platform.side_cpus([0, 1, 2, 3], [0, 1, 2, 3]) is None
 
 
+def _all_cpus() -> None:
+    """A child's start: every CPU this machine lets it have (an engine in this test process pins its threads)."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass
+
+
 def test_server_threads_leave_the_engine_host_cpu():
     """The API server's threads (zmq's included) move off the CPU of the engine's host thread once the engine
     has started; in a child process, so this test process keeps its own threads."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: nowhere else to go")
     code = ("import json, os, types, zmq; from tokenmill.config import EngineArgs; "
             "from tokenmill.entrypoints.openai.server import keep_off_engine_host_cpus; "
             "from tokenmill.platform import engine_host_cpus; "
@@ -88,9 +94,12 @@ def test_server_threads_leave_the_engine_host_cpu():
             "config = EngineArgs().create_engine_config(); "
             "keep_off_engine_host_cpus(types.SimpleNamespace(client=types.SimpleNamespace(config=config))); "
             "masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')]; "
-            "print(json.dumps([engine_host_cpus('auto', 1)[1], masks]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+            "print(json.dumps([engine_host_cpus('auto', 1), masks]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         preexec_fn=_all_cpus)
     assert out.returncode == 0, out.stderr
-    hosts, masks = json.loads(out.stdout.strip().splitlines()[-1])
+    (engine, hosts), masks = json.loads(out.stdout.strip().splitlines()[-1])
+    if len(engine) < 2:
+        pytest.skip("the engine has one CPU here: nowhere else to go")
     assert hosts and len(masks) >= 3   # the main thread and zmq's two
     assert all(m and set(m).isdisjoint(hosts) for m in masks)
