@@ -47,10 +47,9 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
     server (`api_pid`) exits, even killed: forked from a fork server, its parent is that server, not the API."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API server decides when the engine stops
     from tokenmill.engine.engine_core import EngineCore
-
-    ctx = zmq.Context()
     from tokenmill.platform import engine_host_cpus, side_cpus
 
+    ctx = zmq.Context()
     # zmq's I/O threads start with the first socket: keep them off the host thread's core (side_cpus says why)
     for cpu in side_cpus(*engine_host_cpus(config.cpu_bind, config.parallel_config.world_size)) or ():
         ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, cpu)

@@ -4,8 +4,8 @@
 //  - VNNI (up to a few hundred rows): the rows of x become two int8 parts per 32 inputs (hi, and the remainder
 //    in 1/256ths: x is kept finer than its own bf16 rounding, unlike llama.cpp's single int8), each block's
 //    products are summed exactly in int32 with vpdpbusd, then scaled in fp32; the min term is min * the
-//    group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum of x. A J-block
-//    strip of weights stays in L1 while every 4-row tile of x passes over it, so the weights stream from
+//    group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum of x. A block's
+//    weights stay in L1 while every 4-row tile of x passes over it, so the weights stream from
 //    memory once per call: one decode step reads ~1 or ~0.56 bytes a weight instead of 2.
 //  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches without AMX, whose matmul
 //    is bound by compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN
@@ -35,9 +35,10 @@ using namespace tokenmill_quant;
 // group): at one or two rows the hardware prefetcher ramps up too late in each, so a decode step's loads wait
 // on memory (the 120 matmuls of a SmolLM2 step in int4: 6.0 -> 5.3 ms, 1 row, alternated in one process).
 // Each stream also asks for the same line of the next tile's stream into L2 (tiles are contiguous, so that is
-// J blocks further on), and a thread's first tile is asked for whole before it starts: the J + 2J short
-// streams of a tile each began with a wait on memory, and a core then kept too few lines in flight to read
-// faster than ~10 GB/s (AMD EPYC, 1 row, a step's 120 matmuls: int4 3.3-3.7 -> 2.6 ms, int8 5.1-5.2 -> 4.0).
+// one block further on), and a thread's first tile is asked for whole before it starts: the short streams of
+// a tile (its weights, scales and minima) each began with a wait on memory, and a core then kept too few
+// lines in flight to read faster than ~10 GB/s (AMD EPYC, 1 row, a step's 120 matmuls: int4 3.3-3.7 -> 2.6 ms,
+// int8 5.1-5.2 -> 4.0).
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kPrefetchGroups = 4;
 
@@ -111,14 +112,15 @@ inline void store_bf16(uint16_t* y, __m512 v) {  // round to nearest even
 
 #if defined(__AVX512VNNI__)
 
-// Rows [0, M) x output blocks [b0, b1), J blocks at a time.
-// Rows [r0, r0 + M) x output blocks [b, b + J). Per 32-input block: int32 sums of weight x hi and weight x lo
-// (vpdpbusd), combined exactly as 256 hi-sum + lo-sum, then scaled in fp32.
+// Rows [r0, r0 + M) x output blocks [b, b + J), J = 1 (one stream: gemm_range says why). Per 32-input block:
+// int32 sums of weight x hi and weight x lo (vpdpbusd), combined exactly as 256 hi-sum + lo-sum, then scaled
+// in fp32.
 // stream: this tile is the first over its weights, which come from memory; the later row tiles find them in
 // L1, where prefetching ahead only costs instructions (256 rows of int8 looked ~15% slower with it).
-template <int M, int J, int BITS>
+template <int M, int BITS>
 void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y, int64_t b,
           bool stream) {
+  constexpr int J = 1;
   const int64_t k = w.k, ng = w.groups(), nb32 = k / 32, per_group = w.group / 32;
   __m512 acc[J][M];
   for (int j = 0; j < J; ++j)
@@ -194,15 +196,15 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
   }
 }
 
-template <int J, int BITS>
+template <int BITS>
 void tile_rows(int64_t rows, const QuantView& w, const QuantRows& a, int64_t r0, const float* bias, uint16_t* y,
                int64_t b) {
   const bool stream = r0 == 0;
   switch (rows) {
-    case 1: tile<1, J, BITS>(w, a, r0, bias, y, b, stream); break;
-    case 2: tile<2, J, BITS>(w, a, r0, bias, y, b, stream); break;
-    case 3: tile<3, J, BITS>(w, a, r0, bias, y, b, stream); break;
-    default: tile<4, J, BITS>(w, a, r0, bias, y, b, stream); break;
+    case 1: tile<1, BITS>(w, a, r0, bias, y, b, stream); break;
+    case 2: tile<2, BITS>(w, a, r0, bias, y, b, stream); break;
+    case 3: tile<3, BITS>(w, a, r0, bias, y, b, stream); break;
+    default: tile<4, BITS>(w, a, r0, bias, y, b, stream); break;
   }
 }
 
@@ -225,7 +227,7 @@ void gemm_range(int64_t m, const QuantView& w, const QuantRows& a, const float* 
     }
   }
   for (int64_t b = b0; b < b1; ++b)
-    for (int64_t r = 0; r < m; r += kRows) tile_rows<1, BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
+    for (int64_t r = 0; r < m; r += kRows) tile_rows<BITS>(std::min<int64_t>(kRows, m - r), w, a, r, bias, y, b);
 }
 
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
