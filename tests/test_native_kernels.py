@@ -60,34 +60,57 @@ def test_verified_drafts_get_the_bits_of_decoding_alone():
         assert torch.equal(packed(x[:m]), together[:m]), m
 
 
-@pytest.mark.skipif(not amx_available(), reason="the AMX matmul needs a CPU with AMX")
+TILE_GEMMS = ["amx_gemm", "vec_gemm"]
+
+
+def _tile_gemm(name: str):
+    """A tile matmul op by name (AMX's, or the vectors' that CPUs without AMX run), or a skip where this CPU
+    cannot run it."""
+    if name == "amx_gemm" and not amx_available():
+        pytest.skip("the AMX matmul needs a CPU with AMX")
+    return getattr(torch.ops.tokenmill, name)
+
+
+@pytest.mark.parametrize("gemm", TILE_GEMMS)
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 128, 300])
 @pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (64, 48)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_amx_gemm(m, k, n, bias):
-    """Row counts that fill whole 32-row tile pairs, part of one, and several chunks of x; an odd number of
-    16-output blocks (48) leaves a single block at the end of a thread's range."""
+def test_tile_gemm(gemm, m, k, n, bias):
+    """Row counts that fill whole 32-row tile pairs (12-row register tiles), part of one, and several chunks of
+    x; an odd number of 16-output blocks (48) leaves a single block at the end of a thread's range."""
     x, w, b, ref = _linear_case(m, k, n, bias)
-    out = torch.ops.tokenmill.amx_gemm(x, torch.ops.tokenmill.pack_tiles(w), b, n)
+    out = _tile_gemm(gemm)(x, torch.ops.tokenmill.pack_tiles(w), b, n)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     _assert_bf16_close(out, ref)
 
 
-@pytest.mark.skipif(not amx_available(), reason="the AMX matmul needs a CPU with AMX")
+@pytest.mark.parametrize("gemm", TILE_GEMMS)
 @pytest.mark.parametrize("m", [5, 33, 128])
 @pytest.mark.parametrize("k, i", [(576, 1536), (64, 48)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_amx_gemm_gated(m, k, i, bias):
+def test_tile_gemm_gated(gemm, m, k, i, bias):
     """silu(gate) * up in the matmul's epilogue: the same bits as the matmul followed by silu_and_mul (it
     rounds gate and up to bf16 as they do), and close to the fp32 MLP activation. An odd number of 16-output
     blocks per half (48 = 3) pairs gate block j with up block j + 3, not with its neighbour."""
+    op = _tile_gemm(gemm)
     x, w, b, ref = _linear_case(m, k, 2 * i, bias)
     tiles = torch.ops.tokenmill.pack_tiles(w)
-    fused = torch.ops.tokenmill.amx_gemm(x, tiles, b, 2 * i, True)
+    fused = op(x, tiles, b, 2 * i, True)
     unfused = torch.empty(m, i, dtype=torch.bfloat16)
-    torch.ops.tokenmill.silu_and_mul(unfused, torch.ops.tokenmill.amx_gemm(x, tiles, b, 2 * i))
+    torch.ops.tokenmill.silu_and_mul(unfused, op(x, tiles, b, 2 * i))
     assert fused.shape == (m, i) and torch.equal(fused, unfused)
     _assert_bf16_close(fused, F.silu(ref[:, :i]) * ref[:, i:], ulps=4.0)
+
+
+def test_vector_matmul_rows_keep_their_bits_in_any_batch():
+    """The vector matmul sums each row alone, in the skinny kernel's order: a row gets the same bits in a batch
+    of any size (so a token's logits do not depend on what else is in its step) and the skinny kernel's bits."""
+    x, w, b, _ = _linear_case(40, 576, 960, True)
+    tiles = torch.ops.tokenmill.pack_tiles(w)
+    together = torch.ops.tokenmill.vec_gemm(x, tiles, b, 960)
+    for lo, hi in ((0, 1), (3, 8), (0, 13), (7, 40)):
+        assert torch.equal(torch.ops.tokenmill.vec_gemm(x[lo:hi], tiles, b, 960), together[lo:hi]), (lo, hi)
+    assert torch.equal(torch.ops.tokenmill.tiled_skinny_gemm(x[:8], tiles, b, 960), together[:8])
 
 
 def _prompt_kernel(name: str):
@@ -176,14 +199,14 @@ def test_packed_weight_every_batch_size(k, n):
         _assert_bf16_close(packed(x), F.linear(x.float(), w.float(), b.float()))
 
 
-def test_packed_weight_gated_wherever_amx_runs():
-    """The fused silu(gate) * up is offered wherever AMX can take more rows than the skinny matmul; elsewhere
-    the caller falls back to the matmul and silu_and_mul."""
+def test_packed_weight_gated_wherever_the_tile_matmul_runs():
+    """The fused silu(gate) * up is offered wherever the tile matmul (AMX, or vectors without it) takes more
+    rows than the skinny matmul; elsewhere the caller falls back to the matmul and silu_and_mul."""
     packed = PackedWeight(_rand(96, 64, seed=2), None)
     for m in (1, 4, 8, 9, 128, 129, 600):
         x = _rand(m, 64, seed=m)
         h = packed.silu_and_mul(x)
-        takes = packed.tiles is not None and amx_available() and m > SKINNY_MAX_ROWS
+        takes = packed.tiles is not None and m > SKINNY_MAX_ROWS
         assert (h is not None) == takes
         if takes:
             gu = packed(x).float()

@@ -71,16 +71,16 @@ def test_stack_matches_python_layers_bit_for_bit(tiny_model_dir, stack_calls, fa
     assert not all(stack_calls)                  # the prompt steps did not
 
 
-@pytest.mark.skipif(not (kernels.quant_kernels_available() and kernels.amx_available()),
-                    reason="the quantized AMX matmul needs AMX")
+@pytest.mark.skipif(not kernels.quant_kernels_available(), reason="the quantized kernels need AVX-512 VNNI")
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_quantized_batches_past_the_vnni_kernel_match_too(tiny_model_dir, stack_calls, quantization):
-    """24 requests at once: their decode steps take the AMX matmul over dequantized panels (gated for the MLP)."""
+    """32 requests at once: their decode steps take the tile matmul over dequantized panels (AMX's, or the
+    vectors' without AMX; gated for the MLP)."""
     llm = LLM(str(tiny_model_dir("llama")), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,
               quantization=quantization)
     gate_up = _model(llm).layers[0].mlp.gate_up_proj.kernel
-    assert gate_up.gated_on_amx and gate_up.vnni_max_rows < 24 <= gate_up.max_rows
-    prompts = [{"prompt_token_ids": [(31 * i + 7 * j) % 49000 + 10 for j in range(3 + i)]} for i in range(24)]
+    assert gate_up.gated_on_tiles and gate_up.vnni_max_rows < 32 <= gate_up.max_rows
+    prompts = [{"prompt_token_ids": [(31 * i + 7 * j) % 49000 + 10 for j in range(3 + i)]} for i in range(32)]
     (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm, 8, prompts)
     assert stack_tokens == eager_tokens
     assert stack_logprobs == eager_logprobs
@@ -89,9 +89,9 @@ def test_quantized_batches_past_the_vnni_kernel_match_too(tiny_model_dir, stack_
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])   # qwen2: q/k/v biases, passed to oneDNN
 def test_bf16_batches_past_the_tile_kernels_match_too(tiny_model_dir, stack_calls, family):
-    """136 requests at once: past the skinny matmul's 8 rows and AMX's 128 (where the CPU has AMX), the stack's
-    bf16 linears call oneDNN on the prepacked weight, as the Python layers do, so decode steps of any batch are one
-    native call (on CPUs without AMX the stack used to stop at 8 rows)."""
+    """136 requests at once: past the skinny matmul's 8 rows the stack's bf16 linears take the tile matmul (AMX's
+    up to 128 rows, then oneDNN on the prepacked weight; without AMX the vectors' at any size), as the Python
+    layers do, so decode steps of any batch are one native call."""
     from tokenmill.layers.linear import AMX_MAX_ROWS
 
     llm = LLM(str(tiny_model_dir(family)), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,

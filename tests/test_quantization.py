@@ -119,9 +119,11 @@ def _vnni(kernel: QuantLinearKernel, x: torch.Tensor) -> torch.Tensor:
                                           kernel.group, kernel.out_features)
 
 
-def _amx(kernel: QuantLinearKernel, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-    return torch.ops.tokenmill.quant_amx_gemm(x, kernel.q, kernel.scale, kernel.min, kernel.bias_f32, kernel.bits,
-                                              kernel.group, kernel.out_features, gated)
+def _tiles(kernel: QuantLinearKernel, x: torch.Tensor, gated: bool = False, op: str | None = None) -> torch.Tensor:
+    """The tile matmul over dequantized panels: `op` by name, or the one this CPU's layers run."""
+    gemm = getattr(torch.ops.tokenmill, op) if op else kernel.tile_gemm
+    return gemm(x, kernel.q, kernel.scale, kernel.min, kernel.bias_f32, kernel.bits, kernel.group,
+                kernel.out_features, gated)
 
 
 @needs_kernels
@@ -140,12 +142,16 @@ def test_quant_gemm_matches_the_dequantized_weight(bits, group, rows):
     torch.testing.assert_close(out, ref, rtol=2**-8, atol=1e-5)  # bf16 output rounding only
 
 
-@needs_amx
+@needs_kernels
+@pytest.mark.parametrize("op", ["quant_amx_gemm", "quant_vec_gemm"])
 @pytest.mark.parametrize("bits,group", CASES + [(8, 32)])
-@pytest.mark.parametrize("rows", [17, 40, 100])
-def test_quant_amx_gemm_matches_the_dequantized_weight(bits, group, rows):
-    """Per-channel int8 multiplies its integers exactly and scales the fp32 sums: bf16 output rounding only.
-    Groups (int4, GGUF's Q8_0-like 8 bits in 32s) multiply the weights rounded to bf16, as the dequantized path."""
+@pytest.mark.parametrize("rows", [9, 17, 40, 100])
+def test_quant_tile_gemm_matches_the_dequantized_weight(op, bits, group, rows):
+    """The tile matmul over dequantized panels, on AMX or on vectors. Per-channel int8 multiplies its integers
+    exactly and scales the fp32 sums: bf16 output rounding only. Groups (int4, GGUF's Q8_0-like 8 bits in 32s)
+    multiply the weights rounded to bf16, as the dequantized path."""
+    if op == "quant_amx_gemm" and not kernels.amx_available():
+        pytest.skip("the quantized AMX matmul needs AMX")
     n, k = 96, 576
     w = _weight(n, k, seed=rows)
     qw = quantize_int8(w) if group is None else quantize_int4(w, group) if bits == 4 else None
@@ -160,32 +166,38 @@ def test_quant_amx_gemm_matches_the_dequantized_weight(bits, group, rows):
     exact = bits == 8 and group is None
     weight = qw.dequantize() if exact else qw.dequantize().bfloat16().float()
     ref = x.float() @ weight.T + bias.float()
-    torch.testing.assert_close(_amx(kernel, x).float(), ref, rtol=2**-8, atol=1e-4)
-    gated = _amx(kernel, x, gated=True)   # gate over up: the epilogue's silu(gate) * up, bit for bit
+    torch.testing.assert_close(_tiles(kernel, x, op=op).float(), ref, rtol=2**-8, atol=1e-4)
+    gated = _tiles(kernel, x, gated=True, op=op)   # gate over up: the epilogue's silu(gate) * up, bit for bit
     unfused = torch.empty(rows, n // 2, dtype=torch.bfloat16)
-    torch.ops.tokenmill.silu_and_mul(unfused, _amx(kernel, x))
+    torch.ops.tokenmill.silu_and_mul(unfused, _tiles(kernel, x, op=op))
     assert torch.equal(gated, unfused)
 
 
-@needs_amx
+@needs_kernels
 @pytest.mark.parametrize("bits,group", CASES)
 def test_batch_sizes_take_the_quantized_kernels_paths(bits, group):
-    """With AMX: small batches the VNNI kernel, then the AMX matmul, then the dequantized oneDNN matmul (whose
-    bf16 weights make it differ from the VNNI kernel's result, so the checks tell the paths apart)."""
+    """Small batches the VNNI kernel, then the tile matmul (whose bf16 panels make it differ from the VNNI
+    kernel's result, so the checks tell the paths apart); with AMX it stops at max_rows and the dequantized
+    oneDNN matmul takes the rest, without AMX the vector matmul takes every larger batch."""
     n, k = 96, 576
     w = _weight(n, k, seed=3)
     qw = quantize_int8(w) if bits == 8 else quantize_int4(w, group)
     kernel = QuantLinearKernel(qw, None, torch.bfloat16)
-    x = torch.randn(kernel.max_rows + 1, k, generator=torch.Generator().manual_seed(4)).bfloat16()
+    amx = kernels.amx_available()
+    assert kernel.tile_gemm == (torch.ops.tokenmill.quant_amx_gemm if amx else torch.ops.tokenmill.quant_vec_gemm)
+    tile_rows = kernel.max_rows if amx else 600
+    x = torch.randn(tile_rows + 1, k, generator=torch.Generator().manual_seed(4)).bfloat16()
     for rows in (1, kernel.vnni_max_rows):
         assert torch.equal(kernel(x[:rows]), _vnni(kernel, x[:rows]))
-    for rows in (kernel.vnni_max_rows + 1, kernel.max_rows):
-        assert torch.equal(kernel(x[:rows]), _amx(kernel, x[:rows]))
-        assert not torch.equal(_amx(kernel, x[:rows]), _vnni(kernel, x[:rows]))
-    assert torch.equal(kernel(x), kernel._dequantized_matmul(x))
+    for rows in (kernel.vnni_max_rows + 1, tile_rows):
+        assert torch.equal(kernel(x[:rows]), _tiles(kernel, x[:rows]))
+        assert not torch.equal(_tiles(kernel, x[:rows]), _vnni(kernel, x[:rows]))
+    if amx:
+        assert torch.equal(kernel(x), kernel._dequantized_matmul(x))
     gate_up = x[:kernel.vnni_max_rows + 1]
-    assert torch.equal(kernel.silu_and_mul(gate_up), _amx(kernel, gate_up, gated=True))
-    assert kernel.silu_and_mul(x[:kernel.vnni_max_rows]) is None and kernel.silu_and_mul(x) is None
+    assert torch.equal(kernel.silu_and_mul(gate_up), _tiles(kernel, gate_up, gated=True))
+    assert kernel.silu_and_mul(x[:kernel.vnni_max_rows]) is None
+    assert (kernel.silu_and_mul(x) is None) == amx
 
 
 @needs_kernels
@@ -212,9 +224,9 @@ def test_large_batches_dequantize_for_the_bf16_matmul(bits, group, monkeypatch):
     monkeypatch.setattr(qk, "DEQUANT_CHUNK_BYTES", 64 * k * 2)  # three pieces, as an lm head is cut
     kernel = QuantLinearKernel(qw, torch.randn(n).bfloat16(), torch.bfloat16)
     assert len(kernel.chunks) == 3
-    x = torch.randn(kernel.max_rows + 3, k).bfloat16()
+    x = torch.randn(40, k).bfloat16()   # (AMX hosts' layers take this path past max_rows)
     ref = x.float() @ qw.dequantize().bfloat16().float().T + kernel.bias.float()
-    torch.testing.assert_close(kernel(x).float(), ref, rtol=2**-7, atol=2e-3)
+    torch.testing.assert_close(kernel._dequantized_matmul(x).float(), ref, rtol=2**-7, atol=2e-3)
 
 
 def test_fp32_and_odd_shapes_take_the_dequantized_reference():

@@ -22,7 +22,7 @@ from tokenmill.utils import init_logger
 logger = init_logger(__name__)
 
 _TILES, _QUANTIZED = 0, 1
-ANY_ROWS = 1 << 30   # a bf16 linear takes any batch: its tile kernels, then oneDNN (as PackedWeight does)
+ANY_ROWS = 1 << 30   # a bf16 linear takes any batch: its tile kernels, then (on AMX) oneDNN, as PackedWeight does
 
 
 def _stack_class():
@@ -46,10 +46,10 @@ def _linear_spec(linear) -> tuple | None:
     k = linear.kernel
     if isinstance(k, PackedWeight) and k.tiles is not None:   # past its tile path, oneDNN: any number of rows
         return (_TILES, k.tiles, None, None, k.bias, k.out_features, SKINNY_MAX_ROWS, k.tile_max_rows, 0, 0,
-                k.gated_on_amx, k.packed), ANY_ROWS
+                k.gated_on_tiles, k.packed), ANY_ROWS
     if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, k.vnni_max_rows, k.max_rows, k.bits,
-                k.group, k.gated_on_amx, None), k.max_rows
+                k.group, k.gated_on_tiles, None), k.max_rows
     return None
 
 

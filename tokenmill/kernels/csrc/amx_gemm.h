@@ -1,5 +1,5 @@
 // The AMX tile layout of a linear layer's weight and the AMX matmul loop over it, shared by the bf16 matmul
-// (tiled_gemm.cpp, panels packed once at load) and the quantized one (quant_amx.cpp, panels dequantized into
+// (tiled_gemm.cpp, panels packed once at load) and the quantized one (quant_tiles.cpp, panels dequantized into
 // a small buffer as the loop reaches them). Include inside an AVX-512 BF16 guard.
 //
 // Layout: for each block of 16 outputs, its K panel of 1 KB tiles (16 pairs of k x 16 outputs x 2),
@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "vec_math.h"
+
 namespace tokenmill_tiles {
 
 constexpr int64_t kTileRows = 16;   // rows of an A or C tile; k pairs of a B tile
@@ -24,26 +26,6 @@ constexpr int64_t kTileK = 32;      // bf16 values of k per tile row (64 bytes)
 constexpr int64_t kTileN = 16;      // outputs per B or C tile
 constexpr int64_t kTileBytes = 1024;
 constexpr int64_t kChunkBytes = 512 * 1024;  // rows of x per pass over packed weights: a quarter of L2
-
-}  // namespace tokenmill_tiles
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <ATen/ATen.h>
-
-#include "amx.h"
-#include "vec_math.h"
-
-namespace tokenmill_tiles {
-
-// x [M, K] contiguous, its rows padded with zeros to a multiple of 32 so that every A tile load is whole.
-inline at::Tensor padded_rows(const at::Tensor& x) {
-  const int64_t m = x.size(0), m_pad = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
-  at::Tensor xc = x.contiguous();
-  if (m_pad == m) return xc;
-  at::Tensor padded = at::zeros({m_pad, x.size(1)}, x.options());
-  padded.narrow(0, 0, m).copy_(xc);
-  return padded;
-}
 
 // The fp32 value of an output: the accumulator times the column's scale (quantized weights kept as their
 // integers), plus the bias (or zero: the bits of the unscaled path without a bias stay what they were).
@@ -61,6 +43,25 @@ inline void store_gated_row(const float* g, const float* u, uint16_t* y, const f
   const __m512 uv = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(epilogue(u, scale_u, bias_u)));
   const __m256bh v = _mm512_cvtneps_pbh(_mm512_mul_ps(silu512(gv), uv));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)v);
+}
+
+}  // namespace tokenmill_tiles
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <ATen/ATen.h>
+
+#include "amx.h"
+
+namespace tokenmill_tiles {
+
+// x [M, K] contiguous, its rows padded with zeros to a multiple of 32 so that every A tile load is whole.
+inline at::Tensor padded_rows(const at::Tensor& x) {
+  const int64_t m = x.size(0), m_pad = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
+  at::Tensor xc = x.contiguous();
+  if (m_pad == m) return xc;
+  at::Tensor padded = at::zeros({m_pad, x.size(1)}, x.options());
+  padded.narrow(0, 0, m).copy_(xc);
+  return padded;
 }
 
 // The stored C tiles of one 32-row x 32-output block, written out to y a few rows at a time while the next

@@ -6,11 +6,11 @@
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
 // gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
-// A linear is either the AMX tile layout (skinny kernel up to small_max_rows, AMX matmul up to max_rows, oneDNN's
-// matmul on its prepacked weight beyond) or a quantized weight (VNNI kernel up to small_max_rows, the AMX matmul
-// over dequantized panels up to max_rows); the limits are the Python layers' own (native_stack.py passes them),
-// and the caller only sends steps whose row count every linear takes this way. On a CPU without AMX a decode
-// step of more than 8 rows is thus a native call too (its bf16 linears on oneDNN, as in Python).
+// A linear is either the tile layout (skinny kernel up to small_max_rows, the tile matmul up to max_rows, oneDNN's
+// matmul on its prepacked weight beyond) or a quantized weight (VNNI kernel up to small_max_rows, the tile matmul
+// over dequantized panels up to max_rows); the tile matmul runs on AMX where the CPU has it, else on AVX-512 BF16
+// vectors (which take any batch). The limits are the Python layers' own (native_stack.py passes them), and the
+// caller only sends steps whose row count every linear takes this way.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -42,16 +42,19 @@ struct StackLinear {
   at::Tensor scale;             // quantized: per-group scales
   c10::optional<at::Tensor> min, bias;
   int64_t n = 0, small_max_rows = 0, max_rows = 0, bits = 0, group = 0;
-  bool gated_on_amx = false;    // gate/up whose AMX matmul can write silu(gate) * up itself (past small_max_rows)
+  bool gated_on_tiles = false;  // gate/up whose tile matmul can write silu(gate) * up itself (past small_max_rows)
 
-  // The AMX matmul of either kind, gated or not.
-  at::Tensor amx(const at::Tensor& x, bool gated) const {
+  // The tile matmul of either kind, gated or not: on AMX where the CPU has it, else on vectors (as the Python
+  // layers choose).
+  at::Tensor tiles(const at::Tensor& x, bool gated) const {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (quantized) return tokenmill_native::quant_amx_gemm(x, w, scale, min, bias, bits, group, n, gated);
-#else
-    TORCH_CHECK(!quantized, "decoder stack: quantized linears past the VNNI kernel's rows need AMX");
+    if (tokenmill_native::amx_permitted()) {
+      if (quantized) return tokenmill_native::quant_amx_gemm(x, w, scale, min, bias, bits, group, n, gated);
+      return tokenmill_native::amx_gemm(x, w, bias, n, gated);
+    }
 #endif
-    return tokenmill_native::amx_gemm(x, w, bias, n, gated);
+    if (quantized) return tokenmill_native::quant_vec_gemm(x, w, scale, min, bias, bits, group, n, gated);
+    return tokenmill_native::vec_gemm(x, w, bias, n, gated);
   }
 
   at::Tensor operator()(const at::Tensor& x) const {
@@ -60,7 +63,7 @@ struct StackLinear {
       TORCH_CHECK(onednn.has_value(), "decoder stack: ", rows, " rows exceed this linear's native paths");
       return onednn_linear(x, *onednn, bias);
     }
-    if (rows > small_max_rows) return amx(x, false);
+    if (rows > small_max_rows) return tiles(x, false);
     if (!quantized) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
 #if defined(__AVX512VNNI__)
     return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);
@@ -94,12 +97,12 @@ struct DecoderStack : torch::CustomClassHolder {
                                 k_scale, v_scale, std::move(k_offset), {}});
   }
 
-  // Appends a linear to the last layer added: kind 0 the AMX tile layout, 1 a quantized weight. Up to
-  // small_max_rows rows its small-batch kernel (skinny or VNNI) runs, then the AMX matmul up to max_rows, then
+  // Appends a linear to the last layer added: kind 0 the tile layout, 1 a quantized weight. Up to
+  // small_max_rows rows its small-batch kernel (skinny or VNNI) runs, then the tile matmul up to max_rows, then
   // (tiles with a oneDNN-prepacked copy) oneDNN.
   void add_linear(int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale_, c10::optional<at::Tensor> min,
                   c10::optional<at::Tensor> bias, int64_t n, int64_t small_max_rows, int64_t max_rows, int64_t bits,
-                  int64_t group, bool gated_on_amx, c10::optional<at::Tensor> onednn) {
+                  int64_t group, bool gated_on_tiles, c10::optional<at::Tensor> onednn) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() < 4, "decoder stack: add_layer first, 4 linears each");
     StackLinear l;
     l.quantized = kind == 1;
@@ -112,7 +115,7 @@ struct DecoderStack : torch::CustomClassHolder {
     l.max_rows = max_rows;
     l.bits = bits;
     l.group = group;
-    l.gated_on_amx = gated_on_amx;
+    l.gated_on_tiles = gated_on_tiles;
     l.onednn = std::move(onednn);
     layers.back().linears.push_back(std::move(l));
   }
@@ -120,8 +123,8 @@ struct DecoderStack : torch::CustomClassHolder {
   at::Tensor mlp(const StackLayer& layer, const at::Tensor& x) const {
     const StackLinear& gate_up = layer.linears[2];
     at::Tensor h;
-    if (gate_up.gated_on_amx && x.size(0) > gate_up.small_max_rows) {
-      h = gate_up.amx(x, true);
+    if (gate_up.gated_on_tiles && x.size(0) > gate_up.small_max_rows) {
+      h = gate_up.tiles(x, true);
     } else {
       const at::Tensor gu = gate_up(x);
       h = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());

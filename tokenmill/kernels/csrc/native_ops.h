@@ -12,11 +12,17 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
                              int64_t n);
 at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t n,
                     bool gated);
+at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t n,
+                    bool gated);
+bool amx_permitted();  // built with AMX, the CPU has it and Linux grants its state
 // quant_gemm.cpp (AVX-512 VNNI)
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                       const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                       int64_t group, int64_t n);
-// quant_amx.cpp (AVX-512 BF16 and AMX)
+// quant_tiles.cpp (AVX-512 BF16; quant_amx_gemm also AMX)
+at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                          int64_t group, int64_t n, bool gated);
 at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated);

@@ -1,15 +1,14 @@
 // Weight-only quantized linear layers: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b, with w kept in 8 or 4 bits
 // in the layout of quant_layout.h.
-// Two kernels here read it (and quant_amx.cpp's AMX matmul, where the CPU has AMX, for larger batches):
-//  - VNNI (up to a few hundred rows): the rows of x become two int8 parts per 32 inputs (hi, and the remainder
+// Two kernels here read it (and quant_tiles.cpp's tile matmul over dequantized panels, for larger batches):
+//  - VNNI (small batches): the rows of x become two int8 parts per 32 inputs (hi, and the remainder
 //    in 1/256ths: x is kept finer than its own bf16 rounding, unlike llama.cpp's single int8), each block's
 //    products are summed exactly in int32 with vpdpbusd, then scaled in fp32; the min term is min * the
 //    group's float sum of x, and the +128 of 8-bit weights is taken out with the block's sum of x. A block's
 //    weights stay in L1 while every 4-row tile of x passes over it, so the weights stream from
 //    memory once per call: one decode step reads ~1 or ~0.56 bytes a weight instead of 2.
-//  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for larger batches without AMX, whose matmul
-//    is bound by compute, a layer's weights are dequantized into a buffer that stays in cache and oneDNN
-//    multiplies.
+//  - dequantize (a range of output blocks -> w^T [K, rows] bf16): for an AMX host's largest batches, a layer's
+//    weights are dequantized into a buffer that stays in cache and oneDNN multiplies.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-// The packed layout of quantized weights that quant_gemm.cpp (VNNI) and quant_amx.cpp (AMX) read. Include
+// The packed layout of quantized weights that quant_gemm.cpp (VNNI) and quant_tiles.cpp (AMX, vectors) read. Include
 // inside an AVX-512 F/BW guard.
 //
 // One layout serves int8 (per channel), int4 (groups with a scale and a minimum) and GGUF's Q8_0 / Q4_0 / Q4_1

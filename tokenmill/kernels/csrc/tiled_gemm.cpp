@@ -1,7 +1,7 @@
 // bf16 linear layers over one weight layout, the AMX tile layout: y[M, N] = x[M, K] @ w[N, K]^T + b.
 //
 // Each weight is repacked once into the tile layout of amx_gemm.h: for each block of 16 outputs, its K panel of
-// 1 KB tiles (16 pairs of k x 16 outputs x 2), contiguous. Two kernels read it, both as one sequential weight
+// 1 KB tiles (16 pairs of k x 16 outputs x 2), contiguous. Three kernels read it, each as one sequential weight
 // stream per thread:
 //  - skinny (1-8 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
 //    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
@@ -16,6 +16,9 @@
 //    oneDNN's tuned kernels win. Gated, it writes silu(gate) * up from the accumulators, so an MLP's [M, 2I]
 //    product never goes through memory (0.87 -> 0.57 ms a layer at 128 rows, weights cold); each block's
 //    results are written out during the next block's k steps (gated MLP at 128 rows 0.46 -> 0.43 ms).
+//  - vectors (every batch past the skinny kernel's, on CPUs without AMX; vec_gemm.h): the AMX loop's panels and
+//    epilogues, with 12-row x 32-output register tiles of `vdpbf16ps`. Like the skinny kernel, each row's sums
+//    do not depend on the rows beside it, and it gives the skinny kernel's bits.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,6 +33,7 @@
 #include <immintrin.h>
 
 #include "amx_gemm.h"
+#include "vec_gemm.h"
 
 namespace {
 
@@ -135,15 +139,37 @@ at::Tensor tiled_skinny_gemm(const at::Tensor& x, const at::Tensor& packed, cons
   return y;
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-
 // The panels as packed at load: a pointer into the packed weight, no column scales.
 struct PackedPanels {
   const char* base;
   int64_t panel_bytes;
   const char* panel(int64_t nb, int) const { return base + nb * panel_bytes; }
   bool column_scale(int64_t, float*) const { return false; }
+  void next_bytes(int64_t nb, NextPanels& next) const { next.add(panel(nb, 0), panel_bytes); }
 };
+
+// amx_gemm on AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX.
+at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                    int64_t n, bool gated) {
+  check_packed(x, packed, n);
+  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "vec_gemm: gated needs gate and up of whole 16-output blocks");
+  const int64_t m = x.size(0), k = x.size(1);
+  auto y = at::empty({m, gated ? n / 2 : n}, x.options());
+  if (m == 0) return y;
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor bf = float_bias(bias, n);
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    PackedPanels panels{reinterpret_cast<const char*>(packed.data_ptr()), k / kTileK * kTileBytes};
+    tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+  });
+  return y;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 
 // y = x @ w^T + b, or with gated: y = silu(gate) * up where w stacks gate over up ([2I, K] -> y [M, I]).
 at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
@@ -191,6 +217,11 @@ at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
                     bool gated) {
   return ::amx_gemm(x, packed, bias, n, gated);
 }
+at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t n,
+                    bool gated) {
+  return ::vec_gemm(x, packed, bias, n, gated);
+}
+bool amx_permitted() { return ::amx_available(); }
 }  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
@@ -198,12 +229,14 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("pack_tiles(Tensor w) -> Tensor");
   m.def("tiled_skinny_gemm(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   m.def("amx_gemm(Tensor x, Tensor packed, Tensor? bias, int n, bool gated=False) -> Tensor");
+  m.def("vec_gemm(Tensor x, Tensor packed, Tensor? bias, int n, bool gated=False) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(tokenmill, CatchAll, m) { m.impl("amx_available", &amx_available); }
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
   m.impl("pack_tiles", &pack_tiles);
   m.impl("tiled_skinny_gemm", &tiled_skinny_gemm);
   m.impl("amx_gemm", &amx_gemm);
+  m.impl("vec_gemm", &vec_gemm);
 }
 
 #endif

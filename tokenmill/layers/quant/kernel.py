@@ -8,16 +8,19 @@ import torch.nn.functional as F
 import tokenmill.kernels as kernels
 from tokenmill.layers.quant.tensor import QuantizedWeight
 
-# Up to this many rows the VNNI kernel (weights read once, int8 activations) runs; beyond, the matmul is large
-# enough that dequantizing the weights for oneDNN's bf16 kernels costs less than it saves.
-VNNI_MAX_ROWS = 256
-# Where the CPU has AMX, the VNNI kernel only takes up to VNNI_MAX_ROWS_AMX rows, and the AMX matmul over panels
-# dequantized as it goes (quant_amx.cpp) the rows up to QUANT_AMX_MAX_ROWS: the 120 linears of a SmolLM2 step
+# Past the VNNI kernel's rows (whose byte dot products run on the vector units: at 128 rows it takes 1.2x (int8)
+# and 1.5x (int4) bf16's time) the weights are dequantized into panels of the tile layout as the matmul reaches
+# them, and the bf16 tile matmul multiplies: on AMX up to QUANT_AMX_MAX_ROWS, and on AVX-512 BF16 vectors
+# (vec_gemm.h) where the CPU has no AMX, at any batch. AMX: the 120 linears of a SmolLM2 step
 # (docs/benchmarks/2026-12-01-quant-amx) at 16 rows take about as long either way, at 32 rows AMX takes half the
 # VNNI kernel's time and at 128-256 rows a third to a half (as fast as bf16 weights); from ~512 rows on,
-# dequantizing for oneDNN wins (2,048 rows: 0.75 vs 0.98-1.07 s).
+# dequantizing for oneDNN wins (2,048 rows: 0.75 vs 0.98-1.07 s). Vectors (AMD Zen 5,
+# docs/benchmarks/2026-12-03-vec-gemm): int8 on the VNNI kernel is faster up to ~24 rows, int4 up to ~8; past
+# them the vector matmul is as fast as bf16 weights at every size, and beats dequantizing for oneDNN to 2,048.
 VNNI_MAX_ROWS_AMX = 16
 QUANT_AMX_MAX_ROWS = 512
+VNNI_MAX_ROWS_VEC = {8: 24, 4: 8}
+ANY_ROWS = 1 << 30
 # Larger batches dequantize up to this many bf16 bytes of w^T at a time (an lm head goes in several pieces),
 # so the buffer oneDNN reads stays in the shared cache.
 DEQUANT_CHUNK_BYTES = 8 << 20
@@ -46,10 +49,10 @@ def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, t
 
 class QuantLinearKernel:
     """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): small batches on
-    the VNNI kernel, which reads the packed bytes once per call; with AMX, batches up to QUANT_AMX_MAX_ROWS on the
-    AMX matmul over dequantized panels; larger ones dequantize w^T a cache-sized piece at a time for oneDNN's
-    bf16 matmul. Elsewhere (fp32, odd shapes, no kernels) the weight is kept dequantized in the model dtype and
-    F.linear runs: the reference path."""
+    the VNNI kernel, which reads the packed bytes once per call; larger ones on the tile matmul over dequantized
+    panels (AMX up to QUANT_AMX_MAX_ROWS, then w^T dequantized a cache-sized piece at a time for oneDNN's bf16
+    matmul; without AMX the vector matmul at any size). Elsewhere (fp32, odd shapes, no kernels) the weight is
+    kept dequantized in the model dtype and F.linear runs: the reference path."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
         self.out_features, self.in_features = qw.q.shape
@@ -68,9 +71,11 @@ class QuantLinearKernel:
         else:
             self.weight = qw.dequantize().to(dtype)
         self.amx = self.native and kernels.amx_available()
-        self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS
-        self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else VNNI_MAX_ROWS  # the most rows a native kernel takes
-        self.gated_on_amx = self.amx and self.out_features % (2 * _BLOCK) == 0  # gate and up whole blocks
+        self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS_VEC[self.bits]
+        self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else ANY_ROWS  # the most rows a native kernel takes
+        self.tile_gemm = torch.ops.tokenmill.quant_amx_gemm if self.amx else (
+            torch.ops.tokenmill.quant_vec_gemm if self.native else None)
+        self.gated_on_tiles = self.native and self.out_features % (2 * _BLOCK) == 0  # gate and up whole blocks
 
     @property
     def nbytes(self) -> int:
@@ -88,17 +93,17 @@ class QuantLinearKernel:
             return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
                                                   self.group, self.out_features)
         if rows <= self.max_rows:
-            return torch.ops.tokenmill.quant_amx_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
-                                                      self.group, self.out_features, False)
+            return self.tile_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits, self.group,
+                                  self.out_features, False)
         return self._dequantized_matmul(x)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up for a weight that stacks gate over up, from the AMX matmul's epilogue (the [M, 2I]
+        """silu(gate) * up for a weight that stacks gate over up, from the tile matmul's epilogue (the [M, 2I]
         product is never written); None where these rows take another path."""
-        if not self.gated_on_amx or x.dim() != 2 or not self.vnni_max_rows < x.shape[0] <= self.max_rows:
+        if not self.gated_on_tiles or x.dim() != 2 or not self.vnni_max_rows < x.shape[0] <= self.max_rows:
             return None
-        return torch.ops.tokenmill.quant_amx_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
-                                                  self.group, self.out_features, True)
+        return self.tile_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits, self.group,
+                              self.out_features, True)
 
     def _dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

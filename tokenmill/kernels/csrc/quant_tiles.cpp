@@ -1,11 +1,13 @@
-// Quantized linear layers on AMX, for batches past a few dozen rows: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b,
-// with w in the packed layout of quant_layout.h.
+// Quantized linear layers for batches past a few dozen rows: y[M, N] = x[M, K] @ dequant(w)[N, K]^T + b, with w
+// in the packed layout of quant_layout.h, multiplied by the bf16 tile matmul: AMX's loop (amx_gemm.h) where the
+// CPU has AMX, the vectors' (vec_gemm.h) elsewhere.
 //
 // The VNNI kernel (quant_gemm.cpp) reads the packed bytes once per call, but its byte dot products run on the
 // vector units: at 32 rows it took 1.6x the bf16 AMX matmul's time and at 128-256 rows 2.2-4x, so a batched
-// decode step with int8 weights was slower than bf16 (W1). Here each thread dequantizes a pair of 16-output
-// panels at a time into the AMX tile layout (a buffer of 2 x K x 16 bf16 that stays in L1/L2) and the bf16
-// AMX loop of amx_gemm.h multiplies every row of x by it; the packed bytes are still read once per call.
+// decode step with int8 weights was slower than bf16 (W1); without AMX, 1.2x (int8) and 1.5x (int4) the bf16
+// vector matmul's at 128 rows. Here each thread dequantizes a pair of 16-output panels at a time into the tile
+// layout (a buffer of 2 x K x 16 bf16 that stays in L1/L2) and the bf16 loop multiplies every row of x by it;
+// the packed bytes are still read once per call.
 //  - int8 with one scale per output (bits 8, one group): the panel holds the integers q themselves (exact in
 //    bf16), and the epilogue multiplies each output's fp32 sum by its scale: no rounding of the weights.
 //  - groups (int4, GGUF blocks): the panel holds bf16(scale * q + min), what the dequantized reference path
@@ -20,11 +22,12 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
 #include "amx_gemm.h"
 #include "quant_layout.h"
+#include "vec_gemm.h"
 
 namespace {
 
@@ -68,6 +71,10 @@ struct QuantPanels {
     dequantize_panel(w, nb, integers, slot[s]);
     return reinterpret_cast<const char*>(slot[s]);
   }
+  void next_bytes(int64_t nb, NextPanels& next) const {  // the packed bytes and the scales (minima: few)
+    next.add(w.q + nb * w.block_bytes(), w.block_bytes());
+    if (next.count < 4) next.add(w.scale + nb * w.groups() * kBlockN, w.groups() * kBlockN * 2);
+  }
   bool column_scale(int64_t nb, float* out) const {
     if (!integers) return false;
     _mm512_storeu_ps(out, load_half16(w.scale + nb * kBlockN));  // one group: a scale per output
@@ -75,6 +82,39 @@ struct QuantPanels {
   }
 };
 
+// quant_amx_gemm on AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX. Each panel is dequantized once per
+// pass of rows (one pass up to ~450-900 rows; a 2,048-row prompt chunk of int8 took 1.6% longer in one pass).
+at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                          int64_t group, int64_t n, bool gated) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "quant_vec_gemm: x must be bf16 [M, K]");
+  const int64_t m = x.size(0), k = x.size(1);
+  const QuantView w = view_of(q, scale, min, bits, group, n, k);
+  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "quant_vec_gemm: gated needs gate and up of whole 16-output blocks");
+  auto y = at::empty({m, gated ? n / 2 : n}, x.options());
+  if (m == 0) return y;
+  const at::Tensor xc = x.contiguous();
+  at::Tensor bf;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "quant_vec_gemm: bias must be [N]");
+    bf = bias->to(at::kFloat).contiguous();
+  }
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const bool integers = bits == 8 && group == k;
+  const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    thread_local std::vector<uint16_t> buffer;  // this worker's own: two panels, 64-byte aligned
+    buffer.resize(2 * k * kTileN + 32);
+    auto* base = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+    QuantPanels panels{w, integers, {base, base + k * kTileN}};
+    tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+  });
+  return y;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated) {
@@ -108,20 +148,38 @@ at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
   return y;
 }
 
+#endif
+
 }  // namespace
 
 namespace tokenmill_native {
+at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                          int64_t group, int64_t n, bool gated) {
+  return ::quant_vec_gemm(x, q, scale, min, bias, bits, group, n, gated);
+}
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated) {
   return ::quant_amx_gemm(x, q, scale, min, bias, bits, group, n, gated);
 }
+#endif
 }  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+  m.def("quant_vec_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, int n, "
+        "bool gated=False) -> Tensor");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   m.def("quant_amx_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, int n, "
         "bool gated=False) -> Tensor");
+#endif
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("quant_amx_gemm", &quant_amx_gemm); }
+TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+  m.impl("quant_vec_gemm", &quant_vec_gemm);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  m.impl("quant_amx_gemm", &quant_amx_gemm);
+#endif
+}
 
 #endif
