@@ -82,21 +82,23 @@ struct QuantPanels {
   }
 };
 
-// quant_amx_gemm on AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX. Each panel is dequantized once per
-// pass of rows (one pass up to ~450-900 rows; a 2,048-row prompt chunk of int8 took 1.6% longer in one pass).
-at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
-                          int64_t group, int64_t n, bool gated) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "quant_vec_gemm: x must be bf16 [M, K]");
+// Either matmul: the arguments checked, the output made, and each thread's block pairs [p0, p1) handed to
+// `loop(panels, x, m, m_x, k, bias, y, p0, p1)` with its own two panel slots (64-byte aligned). x goes as
+// `prepare` returns it (AMX pads its rows to whole tiles: m_x is that tensor's row count, m the real one).
+template <class Prepare, class Loop>
+at::Tensor quant_tile_gemm(const char* name, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                           int64_t group, int64_t n, bool gated, Prepare prepare, Loop loop) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x must be bf16 [M, K]");
   const int64_t m = x.size(0), k = x.size(1);
   const QuantView w = view_of(q, scale, min, bits, group, n, k);
-  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "quant_vec_gemm: gated needs gate and up of whole 16-output blocks");
+  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, name, ": gated needs gate and up of whole 16-output blocks");
   auto y = at::empty({m, gated ? n / 2 : n}, x.options());
   if (m == 0) return y;
-  const at::Tensor xc = x.contiguous();
+  const at::Tensor xc = prepare(x);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "quant_vec_gemm: bias must be [N]");
+    TORCH_CHECK(bias->numel() == n, name, ": bias must be [N]");
     bf = bias->to(at::kFloat).contiguous();
   }
   const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
@@ -109,43 +111,36 @@ at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
     buffer.resize(2 * k * kTileN + 32);
     auto* base = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
     QuantPanels panels{w, integers, {base, base + k * kTileN}};
-    tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+    loop(panels, xp, m, xc.size(0), k, bp, yp, p0, p1);
   });
   return y;
 }
 
+// On AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX. Each panel is dequantized once per pass of rows
+// (one pass up to ~450-900 rows; a 2,048-row prompt chunk of int8 took 1.6% longer in one pass).
+at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                          const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
+                          int64_t group, int64_t n, bool gated) {
+  return quant_tile_gemm("quant_vec_gemm", x, q, scale, min, bias, bits, group, n, gated,
+                         [](const at::Tensor& t) { return t.contiguous(); },
+                         [&](QuantPanels& panels, const uint16_t* xp, int64_t m, int64_t, int64_t k, const float* bp,
+                             uint16_t* yp, int64_t p0, int64_t p1) {
+                           tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+                         });
+}
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// On AMX tiles (amx_gemm.h), every row in one pass: a panel is dequantized once per call.
 at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated) {
   TORCH_CHECK(tokenmill_amx::permitted(), "quant_amx_gemm: this CPU or kernel does not allow AMX");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "quant_amx_gemm: x must be bf16 [M, K]");
-  const int64_t m = x.size(0), k = x.size(1);
-  const QuantView w = view_of(q, scale, min, bits, group, n, k);
-  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "quant_amx_gemm: gated needs gate and up of whole 16-output blocks");
-  auto y = at::empty({m, gated ? n / 2 : n}, x.options());
-  if (m == 0) return y;
-  const at::Tensor xc = padded_rows(x);
-  const int64_t m_pad = xc.size(0);
-  at::Tensor bf;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "quant_amx_gemm: bias must be [N]");
-    bf = bias->to(at::kFloat).contiguous();
-  }
-  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const bool integers = bits == 8 && group == k;
-  const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
-  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    thread_local std::vector<uint16_t> buffer;  // this worker's own: two panels, 64-byte aligned
-    buffer.resize(2 * k * kTileN + 32);
-    auto* base = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
-    QuantPanels panels{w, integers, {base, base + k * kTileN}};
-    // every row in one pass: a panel is dequantized once per call
-    tokenmill_tiles::gemm_range(xp, m, m_pad, k, panels, bp, yp, n, gated, m_pad, p0, p1);
-  });
-  return y;
+  return quant_tile_gemm("quant_amx_gemm", x, q, scale, min, bias, bits, group, n, gated,
+                         [](const at::Tensor& t) { return padded_rows(t); },
+                         [&](QuantPanels& panels, const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k,
+                             const float* bp, uint16_t* yp, int64_t p0, int64_t p1) {
+                           tokenmill_tiles::gemm_range(xp, m, m_pad, k, panels, bp, yp, n, gated, m_pad, p0, p1);
+                         });
 }
 
 #endif
