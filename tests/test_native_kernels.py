@@ -206,7 +206,7 @@ def test_packed_weight_gated_wherever_the_tile_matmul_runs():
     for m in (1, 4, 8, 9, 128, 129, 600):
         x = _rand(m, 64, seed=m)
         h = packed.silu_and_mul(x)
-        takes = packed.tiles is not None and m > SKINNY_MAX_ROWS
+        takes = packed.tiles is not None and m > packed.skinny_max_rows
         assert (h is not None) == takes
         if takes:
             gu = packed(x).float()

@@ -38,14 +38,14 @@ def _stack_class():
 
 def _linear_spec(linear) -> tuple | None:
     """The native loop's description of one linear layer, with the most rows it takes; None where it cannot."""
-    from tokenmill.layers.linear import SKINNY_MAX_ROWS, PackedWeight
+    from tokenmill.layers.linear import PackedWeight
     from tokenmill.layers.quant.kernel import QuantLinearKernel
 
     if linear.lora is not None or linear.parallel is not None:
         return None
     k = linear.kernel
     if isinstance(k, PackedWeight) and k.tiles is not None:   # past its tile path, oneDNN: any number of rows
-        return (_TILES, k.tiles, None, None, k.bias, k.out_features, SKINNY_MAX_ROWS, k.tile_max_rows, 0, 0,
+        return (_TILES, k.tiles, None, None, k.bias, k.out_features, k.skinny_max_rows, k.tile_max_rows, 0, 0,
                 k.gated_on_tiles, k.packed), ANY_ROWS
     if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, k.vnni_max_rows, k.max_rows, k.bits,
