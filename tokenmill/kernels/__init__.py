@@ -6,6 +6,9 @@ import functools
 
 import torch
 
+# The row limit of a native path that takes any batch (the vector tile matmul, or oneDNN past AMX's rows).
+ANY_ROWS = 1 << 30
+
 
 @functools.lru_cache(maxsize=1)
 def _fused_ops_built() -> bool:

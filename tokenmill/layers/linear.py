@@ -54,7 +54,6 @@ WIDE_OUTPUT = 16384
 # 256-2,048, and the lm head no slower at any size (docs/benchmarks/2026-12-03-vec-gemm), so no oneDNN copy of a
 # tiled weight is kept there. It also beats the skinny kernel from 5-6 rows (8 rows: 6.8 vs 8.5 ms) and gives its
 # bits (each row summed alone in the same order), so drafts verified together keep their bits either way.
-ANY_ROWS = 1 << 30
 VEC_SKINNY_MAX_ROWS = 4
 
 
@@ -76,10 +75,10 @@ class PackedWeight:
             self.tile_max_rows = AMX_MAX_ROWS if self.out_features < WIDE_OUTPUT else AMX_MAX_ROWS_WIDE
             self.tile_gemm = torch.ops.tokenmill.amx_gemm
         elif self.tiles is not None:
-            self.tile_max_rows, self.tile_gemm = ANY_ROWS, torch.ops.tokenmill.vec_gemm
+            self.tile_max_rows, self.tile_gemm = kernels.ANY_ROWS, torch.ops.tokenmill.vec_gemm
             self.skinny_max_rows = VEC_SKINNY_MAX_ROWS
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-                       if self.tile_max_rows < ANY_ROWS else None)
+                       if self.tile_max_rows < kernels.ANY_ROWS else None)
         self.gated_on_tiles = self.tiles is not None and self.out_features % 32 == 0  # gate, up: whole blocks
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -17,12 +17,12 @@ import weakref
 import torch
 
 from tokenmill.attention.backend import AttentionMetadata
+from tokenmill.kernels import ANY_ROWS
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
 
 _TILES, _QUANTIZED = 0, 1
-ANY_ROWS = 1 << 30   # a bf16 linear takes any batch: its tile kernels, then (on AMX) oneDNN, as PackedWeight does
 
 
 def _stack_class():
@@ -46,7 +46,7 @@ def _linear_spec(linear) -> tuple | None:
     k = linear.kernel
     if isinstance(k, PackedWeight) and k.tiles is not None:   # past its tile path, oneDNN: any number of rows
         return (_TILES, k.tiles, None, None, k.bias, k.out_features, k.skinny_max_rows, k.tile_max_rows, 0, 0,
-                k.gated_on_tiles, k.packed), ANY_ROWS
+                k.gated_on_tiles, k.packed), ANY_ROWS   # past its tile kernels (on AMX) oneDNN
     if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, k.vnni_max_rows, k.max_rows, k.bits,
                 k.group, k.gated_on_tiles, None), k.max_rows

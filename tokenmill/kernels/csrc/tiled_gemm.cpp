@@ -3,7 +3,7 @@
 // Each weight is repacked once into the tile layout of amx_gemm.h: for each block of 16 outputs, its K panel of
 // 1 KB tiles (16 pairs of k x 16 outputs x 2), contiguous. Three kernels read it, each as one sequential weight
 // stream per thread:
-//  - skinny (1-8 rows, AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
+//  - skinny (1-8 rows with AMX, 1-4 without; AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
 //    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
 //    small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small weights at ~14 GB/s
 //    here, this one at ~20 GB/s, what the machine reads. Each row's sums are the same whatever the rows

@@ -20,7 +20,6 @@ from tokenmill.layers.quant.tensor import QuantizedWeight
 VNNI_MAX_ROWS_AMX = 16
 QUANT_AMX_MAX_ROWS = 512
 VNNI_MAX_ROWS_VEC = {8: 24, 4: 8}
-ANY_ROWS = 1 << 30
 # Larger batches dequantize up to this many bf16 bytes of w^T at a time (an lm head goes in several pieces),
 # so the buffer oneDNN reads stays in the shared cache.
 DEQUANT_CHUNK_BYTES = 8 << 20
@@ -72,7 +71,7 @@ class QuantLinearKernel:
             self.weight = qw.dequantize().to(dtype)
         self.amx = self.native and kernels.amx_available()
         self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS_VEC[self.bits]
-        self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else ANY_ROWS  # the most rows a native kernel takes
+        self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else kernels.ANY_ROWS  # the most rows a native kernel takes
         self.tile_gemm = torch.ops.tokenmill.quant_amx_gemm if self.amx else (
             torch.ops.tokenmill.quant_vec_gemm if self.native else None)
         self.gated_on_tiles = self.native and self.out_features % (2 * _BLOCK) == 0  # gate and up whole blocks
