@@ -30,6 +30,8 @@ TINY_FAMILIES = {
         "original_max_position_embeddings": 256})),
     "llama_linear": ("LlamaConfig", dict(tie_word_embeddings=True, rope_scaling={"rope_type": "linear",
                                                                                   "factor": 2.0})),
+    # head_dim 64: the size the native prompt-attention kernels take (a shared prefix's cascade runs on them)
+    "llama_d64": ("LlamaConfig", dict(tie_word_embeddings=False, head_dim=64)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
     # sliding windows shorter than the prompts and than a block: every layer (Mistral), or only the layers
     # from max_window_layers on (Qwen2's layer_types)

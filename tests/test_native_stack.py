@@ -46,6 +46,9 @@ def _off_then_on(llm: LLM, max_tokens: int = 20, prompts: list[dict] = PROMPTS):
     runs = []
     for stack in (None, NativeDecoderStack(model)):
         model.native_stack = stack
+        # each run computes its prompts afresh (a run over the first's cached blocks would recompute only their
+        # last ones, in steps of another shape)
+        assert llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
         outs = llm.generate(prompts, sp, use_tqdm=False)
         runs.append(([o.outputs[0].token_ids for o in outs], [o.outputs[0].logprobs for o in outs]))
     return runs
@@ -102,6 +105,33 @@ def test_bf16_batches_past_the_tile_kernels_match_too(tiny_model_dir, stack_call
     assert stack_tokens == eager_tokens
     assert stack_logprobs == eager_logprobs
     assert sum(stack_calls) >= 3, stack_calls
+
+
+def test_shared_prefix_steps_match_too(tiny_model_dir, stack_calls, monkeypatch):
+    """Requests that continue from one cached 272-token prefix: their decode steps attend it once for all rows
+    (the cascade: tails by the paged kernel, the prefix by the prompt kernel, merged), in the native loop as in
+    the backend's Python path, bit for bit."""
+    from tokenmill.attention.cpu import CpuPagedBackend
+
+    if kernels.prefill_attention_op() is None:
+        pytest.skip("the cascade's prefix runs on the native prompt kernel")
+    prefixes = []
+    original = CpuPagedBackend.native_plan
+
+    def recording(self, *args):
+        plan = original(self, *args)
+        prefixes.append(plan is not None and plan.prefix is not None)
+        return plan
+
+    monkeypatch.setattr(CpuPagedBackend, "native_plan", recording)
+    llm = LLM(str(tiny_model_dir("llama_d64")), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=True)
+    shared = [(37 * j) % 49000 + 10 for j in range(272)]
+    prompts = [{"prompt_token_ids": shared + [(53 * i + j) % 49000 + 10 for j in range(2 + i)]} for i in range(10)]
+    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm, 8, prompts)
+    assert stack_tokens == eager_tokens
+    assert stack_logprobs == eager_logprobs
+    assert sum(prefixes) >= 7, prefixes        # the decode steps shared the prefix ...
+    assert sum(stack_calls) >= 7, stack_calls  # ... and ran natively
 
 
 @pytest.mark.parametrize("family,kwargs", [("qwen3", {}), ("mistral_window", {}), ("llama", {"dtype": "float32"})])

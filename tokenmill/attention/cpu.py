@@ -81,13 +81,21 @@ class CpuPagedBackend(AttentionBackend):
                 native_prompt_row(self._prefill_op, q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
-    def kernel_only_rows(self, md: AttentionMetadata, block_size: int) -> torch.Tensor | None:
-        """The rows of a step of full attention that the paged kernel attends whole, when it takes every row (no
-        prompt for SDPA or AMX tiles, no shared prefix): what a native decoder stack may call it with."""
+    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool) -> CpuPlan | None:
+        """The plan of a step of full attention whose every row the paged kernel takes (no prompt for SDPA or the
+        prompt kernels), for a native decoder stack to run: with a shared prefix only where it can run the cascade
+        itself (`cascade`); else None."""
         plan = md.backend_plan.get(self.name)
         if plan is None:
             plan = md.backend_plan[self.name] = self._plan(md, block_size)
-        return None if plan.prefix is not None or plan.sdpa_rows else plan.kernel_rows
+        if plan.sdpa_rows or plan.kernel_rows is None or (plan.prefix is not None and not cascade):
+            return None
+        return plan
+
+    def native_cascade(self, kv_cache: torch.Tensor, head_dim: int) -> bool:
+        """Whether a native stack may run a shared prefix as _cascade does: the prompt kernel takes it (bf16,
+        head_dim 64) and the cache holds bf16 (no dequantizing)."""
+        return self._prefill_op is not None and kv_cache.dtype == torch.bfloat16 and head_dim == 64
 
     def _prefill_takes(self, q: torch.Tensor) -> bool:
         """The native prompt kernels' domain: bf16, head_dim 64, on a CPU with AMX or AVX-512 BF16."""

@@ -4,7 +4,8 @@
 // output is bit for bit the Python path's. It is the CPU's counterpart of a captured CUDA graph, and
 // --enforce-eager turns it off as it turns graphs off in vLLM.
 //
-// Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention -> o_proj -> add + rms_norm ->
+// Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention (or, for rows that share a cached
+// prefix, the cascade: the tails, the prefix by the prompt kernel, merged) -> o_proj -> add + rms_norm ->
 // gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
 // A linear is either the tile layout (skinny kernel up to small_max_rows, the tile matmul up to max_rows, oneDNN's
 // matmul on its prepacked weight beyond) or a quantized weight (VNNI kernel up to small_max_rows, the tile matmul
@@ -133,11 +134,52 @@ struct DecoderStack : torch::CustomClassHolder {
     return layer.linears[3](h);
   }
 
+  // Shared-prefix (cascade) attention, as the CPU backend's _cascade runs it (attention/cpu.py): the kernel
+  // attends each row's tail past the prefix's blocks, the prompt kernel attends the prefix once for every new
+  // token (not causal: all of them see all of it), and the two are merged by their log-sum-exps. The cache is
+  // in the model dtype (bf16) and head_dim is 64: the caller sends no other step here.
+  void cascade(const StackLayer& layer, at::Tensor& attn, const at::Tensor& q, const at::Tensor& block_table,
+               const at::Tensor& seq_lens, const at::Tensor& query_start_loc, const at::Tensor& rows, bool decode_amx,
+               int64_t prefix_blocks, int64_t prefix_first_block, const c10::optional<at::Tensor>& prefix_block_ids,
+               const at::Tensor& token_index, bool all_tokens) const {
+    at::Tensor lse_tail = at::empty({q.size(0), hq}, q.options().dtype(at::kFloat));
+    tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens, query_start_loc,
+                                      rows, scale, prefix_blocks, lse_tail, layer.k_scale, layer.v_scale, 0,
+                                      decode_amx);
+    auto prefix_of = [&](const at::Tensor& cache) {  // [S, Hkv, D]: a view when the blocks lie in order
+      const at::Tensor blocks = prefix_first_block >= 0 ? cache.narrow(0, prefix_first_block, prefix_blocks)
+                                                        : cache.index_select(0, *prefix_block_ids);
+      return blocks.flatten(0, 1);
+    };
+    const at::Tensor qr = all_tokens ? q : q.index_select(0, token_index);
+    const int64_t n = token_index.size(0), group = hq / hkv;
+    at::Tensor o_pre = at::empty({n, hq, head_dim}, q.options());
+    at::Tensor lse_pre = at::empty({n, hq}, q.options().dtype(at::kFloat));
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (tokenmill_native::amx_permitted())
+      tokenmill_native::amx_prefill_attention(o_pre, qr, prefix_of(layer.k_cache), prefix_of(layer.v_cache), scale,
+                                              0, false, lse_pre);
+    else
+#endif
+      tokenmill_native::prefill_attention(o_pre, qr, prefix_of(layer.k_cache), prefix_of(layer.v_cache), scale, 0,
+                                          false, lse_pre);
+    tokenmill_native::merge_attn_states(attn, lse_tail, o_pre.view({n, hkv, group, head_dim}),
+                                        lse_pre.view({n, hkv, group}), token_index);
+  }
+
   // x: the embedded tokens [T, H] (its rows become the residual stream); returns the final norm's output.
   // rows, block_table ... decode_amx: what the CPU backend passes the paged-attention kernel for this step.
+  // prefix_blocks > 0: the rows share that many leading blocks (prefix_first_block, the first of them when they
+  // are consecutive, else -1 and their ids in prefix_block_ids), attended by cascade() for the tokens in
+  // token_index (all_tokens: every token of the step, in order).
   at::Tensor forward(at::Tensor x, at::Tensor positions, at::Tensor slot_mapping, at::Tensor block_table,
-                     at::Tensor seq_lens, at::Tensor query_start_loc, at::Tensor rows, bool decode_amx) {
+                     at::Tensor seq_lens, at::Tensor query_start_loc, at::Tensor rows, bool decode_amx,
+                     int64_t prefix_blocks, int64_t prefix_first_block, c10::optional<at::Tensor> prefix_block_ids,
+                     c10::optional<at::Tensor> token_index, bool all_tokens) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() == 4, "decoder stack: incomplete");
+    TORCH_CHECK(prefix_blocks == 0 || (token_index.has_value() &&
+                                       (prefix_first_block >= 0 || prefix_block_ids.has_value())),
+                "decoder stack: a shared prefix needs its token index and its blocks");
     const int64_t tokens = x.size(0);
     at::Tensor residual;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -154,9 +196,14 @@ struct DecoderStack : torch::CustomClassHolder {
       tokenmill_native::rope_and_cache(q, qkv, positions, cos, sin, layer.k_cache, layer.v_cache, slot_mapping, hq,
                                        hkv, layer.k_scale, layer.v_scale, layer.k_offset);
       at::Tensor attn = at::empty_like(q);
-      tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens,
-                                        query_start_loc, rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale, 0,
-                                        decode_amx);
+      if (prefix_blocks > 0) {
+        cascade(layer, attn, q, block_table, seq_lens, query_start_loc, rows, decode_amx, prefix_blocks,
+                prefix_first_block, prefix_block_ids, *token_index, all_tokens);
+      } else {
+        tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens,
+                                          query_start_loc, rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale,
+                                          0, decode_amx);
+      }
       x = layer.linears[1](attn.view({tokens, hq * head_dim}));
       tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
       x = mlp(layer, x);

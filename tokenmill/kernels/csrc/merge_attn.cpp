@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -58,6 +59,13 @@ void merge_attn_states(at::Tensor out, const at::Tensor& lse_tail, const at::Ten
 }
 
 }  // namespace
+
+namespace tokenmill_native {
+void merge_attn_states(at::Tensor out, const at::Tensor& lse_tail, const at::Tensor& prefix_out,
+                       const at::Tensor& prefix_lse, const at::Tensor& token_index) {
+  ::merge_attn_states(out, lse_tail, prefix_out, prefix_lse, token_index);
+}
+}  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("merge_attn_states(Tensor(a!) out, Tensor lse_tail, Tensor prefix_out, Tensor prefix_lse, "

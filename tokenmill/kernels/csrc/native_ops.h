@@ -40,4 +40,13 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                      const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
                      double k_scale, double v_scale, int64_t window, bool amx);
 
+// Prompt attention (prefill_attention.cpp; amx_attention.cpp where built with AMX) and the cascade's merge of a
+// shared prefix's partial result into the per-request tails' (merge_attn.cpp).
+void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                       int64_t context, bool causal, const c10::optional<at::Tensor>& lse);
+void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale, int64_t context, bool causal, const c10::optional<at::Tensor>& lse);
+void merge_attn_states(at::Tensor out, const at::Tensor& lse_tail, const at::Tensor& prefix_out,
+                       const at::Tensor& prefix_lse, const at::Tensor& token_index);
+
 }  // namespace tokenmill_native

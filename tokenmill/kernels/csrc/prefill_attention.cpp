@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "native_ops.h"
 
 #include <cmath>
 #include <cstdint>
@@ -204,6 +205,13 @@ void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k,
 }
 
 }  // namespace
+
+namespace tokenmill_native {
+void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                       int64_t context, bool causal, const c10::optional<at::Tensor>& lse) {
+  ::prefill_attention(out, q, k, v, scale, context, causal, lse);
+}
+}  // namespace tokenmill_native
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, float scale, int context, "
