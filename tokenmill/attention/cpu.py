@@ -81,21 +81,32 @@ class CpuPagedBackend(AttentionBackend):
                 native_prompt_row(self._prefill_op, q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
-    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool) -> CpuPlan | None:
-        """The plan of a step of full attention whose every row the paged kernel takes (no prompt for SDPA or the
-        prompt kernels), for a native decoder stack to run: with a shared prefix only where it can run the cascade
-        itself (`cascade`); else None."""
+    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool, prompts: bool) -> CpuPlan | None:
+        """The plan of a step of full attention for a native decoder stack to run: the paged kernel's rows, with
+        a shared prefix only where the stack runs the cascade itself (`cascade`), and rows for SDPA or the prompt
+        kernels only where all are whole prompts and the stack runs them (`prompts`); else None."""
         plan = md.backend_plan.get(self.name)
         if plan is None:
             plan = md.backend_plan[self.name] = self._plan(md, block_size)
-        if plan.sdpa_rows or plan.kernel_rows is None or (plan.prefix is not None and not cascade):
+        if plan.prefix is not None and not cascade:
+            return None
+        if plan.sdpa_rows:
+            qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
+            if not prompts or any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows):
+                return None   # (a chunk after cached context gathers its keys from the cache: Python's path)
+        elif plan.kernel_rows is None:
             return None
         return plan
 
+    def native_prompts(self, head_dim: int) -> bool:
+        """Whether a native stack may run whole prompts as native_prompt_row does: the prompt kernel takes them
+        (bf16, head_dim 64). Their keys are this step's own, whatever the cache's dtype."""
+        return self._prefill_op is not None and head_dim == 64
+
     def native_cascade(self, kv_cache: torch.Tensor, head_dim: int) -> bool:
-        """Whether a native stack may run a shared prefix as _cascade does: the prompt kernel takes it (bf16,
-        head_dim 64) and the cache holds bf16 (no dequantizing)."""
-        return self._prefill_op is not None and kv_cache.dtype == torch.bfloat16 and head_dim == 64
+        """Whether a native stack may run a shared prefix as _cascade does: the prompt kernel takes it and the
+        cache holds bf16 (no dequantizing)."""
+        return self.native_prompts(head_dim) and kv_cache.dtype == torch.bfloat16
 
     def _prefill_takes(self, q: torch.Tensor) -> bool:
         """The native prompt kernels' domain: bf16, head_dim 64, on a CPU with AMX or AVX-512 BF16."""

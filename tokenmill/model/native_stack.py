@@ -1,16 +1,16 @@
-"""A Llama-family decoder's layers as one native call (kernels/csrc/decoder_stack.cpp) for decode-sized steps.
+"""A Llama-family decoder's layers as one native call (kernels/csrc/decoder_stack.cpp).
 
 Eager Python spends ~6 ms of each batch-1 step of the embedded model between kernels (30 layers, ~40 torch
 calls each); the native loop calls the same kernels in the same order, so its output is the Python path's bit for
-bit, and the Python path stays the reference that every other case takes: prompts and chunks (attention through
-SDPA or the prompt kernels), a shared-prefix (cascade) step whose prefix needs SDPA or a dequantized cache,
-batches past a quantized linear's kernels, LoRA, tensor or pipeline parallel, EAGLE's auxiliary hidden states,
-sliding windows, KV scales still to calibrate, the torch kernels. A bf16 linear takes any batch (past its tile
-kernels, oneDNN's matmul, as in Python). Decode steps of requests that share a cached prefix run it too, the
-prefix attended once for all of them (the backend's cascade). It is the CPU's counterpart of a captured CUDA
-graph; `--enforce-eager` turns it off, as it turns graphs off in vLLM.
+bit. It takes decode steps of any batch, short chunks after cached context, whole prompts (on the native prompt
+kernel: bf16, head_dim 64) and requests that share a cached prefix (attended once for all of them: the backend's
+cascade, on a bf16 cache); a bf16 linear takes any batch (past its tile kernels, oneDNN's matmul, as in Python).
+The Python path stays the reference that every other case takes: prompt chunks after cached context (their keys
+gathered from the cache), attention through SDPA, batches past a quantized linear's kernels, LoRA, tensor or
+pipeline parallel, EAGLE's auxiliary hidden states, sliding windows, KV scales still to calibrate, the torch
+kernels. It is the CPU's counterpart of a captured CUDA graph; `--enforce-eager` turns it off, as it turns graphs
+off in vLLM.
 """
-
 from __future__ import annotations
 
 import weakref
@@ -110,8 +110,10 @@ class NativeDecoderStack:
         self.max_rows = min(rows for layer_specs in specs for _, rows in layer_specs)
         self.cache = first.attn.kv_cache
         self.backend = first.attn.backend
-        self.cascade = self.backend.native_cascade(self.cache, first.head_dim) and m.embed_tokens.weight.dtype == \
-            torch.bfloat16   # shared-prefix steps too (as the backend's _cascade, on the prompt kernel)
+        bf16 = m.embed_tokens.weight.dtype == torch.bfloat16
+        # whole prompts and shared-prefix steps too (on the prompt kernel, as the backend runs them)
+        self.prompts = bf16 and self.backend.native_prompts(first.head_dim)
+        self.cascade = bf16 and self.backend.native_cascade(self.cache, first.head_dim)
         size = "of any size" if self.max_rows >= ANY_ROWS else f"of up to {self.max_rows} tokens"
         logger.info("decode steps %s run the %d layers as one native call", size, len(layers))
 
@@ -127,12 +129,15 @@ class NativeDecoderStack:
                 return None
         if input_ids.shape[0] > self.max_rows:
             return None
-        plan = self.backend.native_plan(md, self.cache.shape[2], self.cascade)
+        plan = self.backend.native_plan(md, self.cache.shape[2], self.cascade, self.prompts)
         if plan is None:
             return None
         p = plan.prefix
         prefix = (0, -1, None, None, False) if p is None else (
             p.num_blocks, -1 if p.first_block is None else p.first_block, p.block_ids, p.token_index, p.all_tokens)
+        qsl = md.query_start_loc_np
+        spans = torch.tensor([(qsl[i], qsl[i + 1]) for i in plan.sdpa_rows], dtype=torch.int64) \
+            if plan.sdpa_rows else None
         return self.stack.forward(m.embed_tokens(input_ids), positions, md.slot_mapping, md.block_table,
                                   md.seq_lens, md.query_start_loc, plan.kernel_rows, bool(self.backend.decode_amx),
-                                  *prefix)
+                                  *prefix, spans)

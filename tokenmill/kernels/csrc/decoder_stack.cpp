@@ -1,12 +1,13 @@
-// A Llama-family decoder's layers as one native call, for steps whose work is all decode-sized (model/
-// native_stack.py decides which). Eager Python spends ~6 ms of a batch-1 step of SmolLM2 (30 layers, ~40 torch
-// calls each) between kernels; this loop calls the same kernels, in the same order, on the same tensors, so its
-// output is bit for bit the Python path's. It is the CPU's counterpart of a captured CUDA graph, and
-// --enforce-eager turns it off as it turns graphs off in vLLM.
+// A Llama-family decoder's layers as one native call, for steps of decodes, short chunks after cached context and
+// whole prompts (model/native_stack.py decides which). Eager Python spends ~6 ms of a batch-1 step of SmolLM2
+// (30 layers, ~40 torch calls each) between kernels; this loop calls the same kernels, in the same order, on the
+// same tensors, so its output is bit for bit the Python path's. It is the CPU's counterpart of a captured CUDA
+// graph, and --enforce-eager turns it off as it turns graphs off in vLLM.
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention (or, for rows that share a cached
-// prefix, the cascade: the tails, the prefix by the prompt kernel, merged) -> o_proj -> add + rms_norm ->
-// gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the final add + rms_norm.
+// prefix, the cascade: the tails, the prefix by the prompt kernel, merged), whole prompts on the prompt kernel
+// -> o_proj -> add + rms_norm -> gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the
+// final add + rms_norm.
 // A linear is either the tile layout (skinny kernel up to small_max_rows, the tile matmul up to max_rows, oneDNN's
 // matmul on its prepacked weight beyond) or a quantized weight (VNNI kernel up to small_max_rows, the tile matmul
 // over dequantized panels up to max_rows); the tile matmul runs on AMX where the CPU has it, else on AVX-512 BF16
@@ -167,19 +168,44 @@ struct DecoderStack : torch::CustomClassHolder {
                                         lse_pre.view({n, hkv, group}), token_index);
   }
 
+  // Whole prompts (no earlier context), each causal over its own fresh K/V (k as rope_and_cache left it in
+  // qkv), on the prompt kernel, as the backend's native_prompt_row runs them. spans: [n, 2] int64 start, end.
+  void prompts(at::Tensor& attn, const at::Tensor& q, const at::Tensor& qkv, const at::Tensor& spans) const {
+    const int64_t t = qkv.size(0);
+    const at::Tensor k = qkv.narrow(1, hq * head_dim, hkv * head_dim).view({t, hkv, head_dim});
+    const at::Tensor v = qkv.narrow(1, (hq + hkv) * head_dim, hkv * head_dim).view({t, hkv, head_dim});
+    TORCH_CHECK(spans.scalar_type() == at::kLong && spans.is_contiguous() && spans.dim() == 2 && spans.size(1) == 2,
+                "decoder stack: prompt spans must be a contiguous [n, 2] int64 tensor");
+    const int64_t* s = spans.data_ptr<int64_t>();
+    for (int64_t i = 0; i < spans.size(0); ++i) {
+      const int64_t start = s[2 * i], len = s[2 * i + 1] - s[2 * i];
+      at::Tensor out = attn.narrow(0, start, len);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if (tokenmill_native::amx_permitted()) {
+        tokenmill_native::amx_prefill_attention(out, q.narrow(0, start, len), k.narrow(0, start, len),
+                                                v.narrow(0, start, len), scale, 0, true, c10::nullopt);
+        continue;
+      }
+#endif
+      tokenmill_native::prefill_attention(out, q.narrow(0, start, len), k.narrow(0, start, len),
+                                          v.narrow(0, start, len), scale, 0, true, c10::nullopt);
+    }
+  }
+
   // x: the embedded tokens [T, H] (its rows become the residual stream); returns the final norm's output.
   // rows, block_table ... decode_amx: what the CPU backend passes the paged-attention kernel for this step.
   // prefix_blocks > 0: the rows share that many leading blocks (prefix_first_block, the first of them when they
   // are consecutive, else -1 and their ids in prefix_block_ids), attended by cascade() for the tokens in
-  // token_index (all_tokens: every token of the step, in order).
+  // token_index (all_tokens: every token of the step, in order). rows: none when the step is only whole prompts,
+  // whose token spans prompt_spans gives (see prompts()).
   at::Tensor forward(at::Tensor x, at::Tensor positions, at::Tensor slot_mapping, at::Tensor block_table,
-                     at::Tensor seq_lens, at::Tensor query_start_loc, at::Tensor rows, bool decode_amx,
+                     at::Tensor seq_lens, at::Tensor query_start_loc, c10::optional<at::Tensor> rows, bool decode_amx,
                      int64_t prefix_blocks, int64_t prefix_first_block, c10::optional<at::Tensor> prefix_block_ids,
-                     c10::optional<at::Tensor> token_index, bool all_tokens) {
+                     c10::optional<at::Tensor> token_index, bool all_tokens, c10::optional<at::Tensor> prompt_spans) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() == 4, "decoder stack: incomplete");
-    TORCH_CHECK(prefix_blocks == 0 || (token_index.has_value() &&
+    TORCH_CHECK(prefix_blocks == 0 || (rows.has_value() && token_index.has_value() &&
                                        (prefix_first_block >= 0 || prefix_block_ids.has_value())),
-                "decoder stack: a shared prefix needs its token index and its blocks");
+                "decoder stack: a shared prefix needs its rows, token index and blocks");
     const int64_t tokens = x.size(0);
     at::Tensor residual;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -197,13 +223,14 @@ struct DecoderStack : torch::CustomClassHolder {
                                        hkv, layer.k_scale, layer.v_scale, layer.k_offset);
       at::Tensor attn = at::empty_like(q);
       if (prefix_blocks > 0) {
-        cascade(layer, attn, q, block_table, seq_lens, query_start_loc, rows, decode_amx, prefix_blocks,
+        cascade(layer, attn, q, block_table, seq_lens, query_start_loc, *rows, decode_amx, prefix_blocks,
                 prefix_first_block, prefix_block_ids, *token_index, all_tokens);
-      } else {
+      } else if (rows.has_value()) {
         tokenmill_native::paged_attention(attn, q, layer.k_cache, layer.v_cache, block_table, seq_lens,
-                                          query_start_loc, rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale,
+                                          query_start_loc, *rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale,
                                           0, decode_amx);
       }
+      if (prompt_spans.has_value()) prompts(attn, q, qkv, *prompt_spans);
       x = layer.linears[1](attn.view({tokens, hq * head_dim}));
       tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
       x = mlp(layer, x);
