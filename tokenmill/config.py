@@ -130,8 +130,8 @@ class EngineArgs:
     max_lora_rank: int = _arg(16, "Largest adapter rank accepted; every slot is this wide.")
     max_cpu_loras: int | None = _arg(None, "Adapters kept loaded in memory, in slots or not (default: max_loras).")
     enforce_eager: bool = _arg(False, "Run every step through the Python layers: no native decoder stack (the "
-                                      "CPU's counterpart of a CUDA graph, which decode steps otherwise run as one "
-                                      "native call).")
+                                      "CPU's counterpart of a CUDA graph, which decode and prompt steps otherwise "
+                                      "run as one native call).")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

@@ -115,7 +115,8 @@ class NativeDecoderStack:
         self.prompts = bf16 and self.backend.native_prompts(first.head_dim)
         self.cascade = bf16 and self.backend.native_cascade(self.cache, first.head_dim)
         size = "of any size" if self.max_rows >= ANY_ROWS else f"of up to {self.max_rows} tokens"
-        logger.info("decode steps %s run the %d layers as one native call", size, len(layers))
+        what = "decode, prompt and shared-prefix" if self.cascade else "decode and prompt" if self.prompts else "decode"
+        logger.info("%s steps %s run the %d layers as one native call", what, size, len(layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor | None:
         """The final norm's output for this step, or None where the Python layers must run it."""
