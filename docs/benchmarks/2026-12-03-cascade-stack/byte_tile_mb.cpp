@@ -1,3 +1,7 @@
+// The inner loops of two matmul row tiles on one core, over data in L1 (AMD Zen 5): int8 weights against x as
+// two int8 parts with vpdpbusd (6 rows x 2 blocks x hi/lo: 24 int32 accumulators), and vec_gemm.h's bf16
+// tile (12 rows x 2 blocks, vdpbf16ps). Both run at two products a cycle.
+//   g++ -O3 -march=native -o byte_tile_mb byte_tile_mb.cpp && ./byte_tile_mb
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>
