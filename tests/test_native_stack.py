@@ -107,27 +107,29 @@ def test_bf16_batches_past_the_tile_kernels_match_too(tiny_model_dir, stack_call
     assert sum(stack_calls) >= 3, stack_calls
 
 
-def test_whole_prompts_run_natively_and_match_too(tiny_model_dir, stack_calls):
-    """head_dim 64: whole prompts attend on the native prompt kernel inside the stack, so every step of these
-    requests is one native call, bit for bit the Python layers'; a prompt cut into chunks (a 64-token budget)
-    continues after cached context, whose keys the Python path gathers: those steps decline."""
+def test_prompts_and_chunks_run_natively_and_match_too(tiny_model_dir, stack_calls):
+    """head_dim 64: prompts attend on the native prompt kernel inside the stack, so every step of these requests
+    is one native call, bit for bit the Python layers'; a prompt cut into 64-token chunks too (a chunk after cached
+    context reads its keys from a bf16 cache). Over an fp8 cache such chunks decline: Python dequantizes the keys."""
     if kernels.prefill_attention_op() is None:
-        pytest.skip("whole prompts run on the native prompt kernel")
+        pytest.skip("prompts run on the native prompt kernel")
     llm = LLM(str(tiny_model_dir("llama_d64")), dtype="bfloat16", kv_cache_memory="32MiB",
               enable_prefix_caching=False)
     (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm)
     assert stack_tokens == eager_tokens
     assert stack_logprobs == eager_logprobs
     assert all(stack_calls) and len(stack_calls) >= 20, stack_calls
-    chunked = LLM(str(tiny_model_dir("llama_d64")), dtype="bfloat16", kv_cache_memory="32MiB",
-                  enable_prefix_caching=False, max_num_batched_tokens=64, max_num_seqs=4)
     long_prompt = [{"prompt_token_ids": [(41 * j) % 49000 + 10 for j in range(150)]}]
-    stack_calls.clear()
-    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(chunked, 6, long_prompt)
-    assert stack_tokens == eager_tokens
-    assert stack_logprobs == eager_logprobs
-    # chunks of 64, 64 and 22 tokens, then decodes: the first chunk and the decodes natively
-    assert stack_calls == [True, False, False] + [True] * 5, stack_calls
+    for kv_dtype, native in (("auto", [True] * 3), ("fp8", [True, False, False])):
+        chunked = LLM(str(tiny_model_dir("llama_d64")), dtype="bfloat16", kv_cache_memory="32MiB",
+                      enable_prefix_caching=False, max_num_batched_tokens=64, max_num_seqs=4,
+                      kv_cache_dtype=kv_dtype)
+        stack_calls.clear()
+        (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(chunked, 6, long_prompt)
+        assert stack_tokens == eager_tokens
+        assert stack_logprobs == eager_logprobs
+        # chunks of 64, 64 and 22 tokens, then the decodes
+        assert stack_calls == native + [True] * 5, (kv_dtype, stack_calls)
 
 
 def test_shared_prefix_steps_match_too(tiny_model_dir, stack_calls, monkeypatch):

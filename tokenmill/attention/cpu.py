@@ -81,10 +81,12 @@ class CpuPagedBackend(AttentionBackend):
                 native_prompt_row(self._prefill_op, q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
-    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool, prompts: bool) -> CpuPlan | None:
+    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool, prompts: bool,
+                    chunks: bool) -> CpuPlan | None:
         """The plan of a step of full attention for a native decoder stack to run: the paged kernel's rows, with
         a shared prefix only where the stack runs the cascade itself (`cascade`), and rows for SDPA or the prompt
-        kernels only where all are whole prompts and the stack runs them (`prompts`); else None."""
+        kernels only where the stack runs them: whole prompts (`prompts`), chunks after cached context too
+        (`chunks`: their keys gathered from a bf16 cache); else None."""
         plan = md.backend_plan.get(self.name)
         if plan is None:
             plan = md.backend_plan[self.name] = self._plan(md, block_size)
@@ -92,20 +94,21 @@ class CpuPagedBackend(AttentionBackend):
             return None
         if plan.sdpa_rows:
             qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
-            if not prompts or any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows):
-                return None   # (a chunk after cached context gathers its keys from the cache: Python's path)
+            if not prompts or (not chunks and any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows)):
+                return None
         elif plan.kernel_rows is None:
             return None
         return plan
 
     def native_prompts(self, head_dim: int) -> bool:
-        """Whether a native stack may run whole prompts as native_prompt_row does: the prompt kernel takes them
-        (bf16, head_dim 64). Their keys are this step's own, whatever the cache's dtype."""
+        """Whether a native stack may run prompt rows as native_prompt_row does: the prompt kernel takes them
+        (bf16, head_dim 64). A whole prompt's keys are this step's own, whatever the cache's dtype."""
         return self._prefill_op is not None and head_dim == 64
 
     def native_cascade(self, kv_cache: torch.Tensor, head_dim: int) -> bool:
-        """Whether a native stack may run a shared prefix as _cascade does: the prompt kernel takes it and the
-        cache holds bf16 (no dequantizing)."""
+        """Whether a native stack may read keys from the cache as _cascade and native_prompt_row do (a shared
+        prefix, a chunk after cached context): the prompt kernel takes them and the cache holds bf16 (no
+        dequantizing)."""
         return self.native_prompts(head_dim) and kv_cache.dtype == torch.bfloat16
 
     def _prefill_takes(self, q: torch.Tensor) -> bool:

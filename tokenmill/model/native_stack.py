@@ -2,15 +2,15 @@
 
 Eager Python spends ~6 ms of each batch-1 step of the embedded model between kernels (30 layers, ~40 torch
 calls each); the native loop calls the same kernels in the same order, so its output is the Python path's bit for
-bit. It takes decode steps of any batch, short chunks after cached context, whole prompts (on the native prompt
-kernel: bf16, head_dim 64) and requests that share a cached prefix (attended once for all of them: the backend's
-cascade, on a bf16 cache); a bf16 linear takes any batch (past its tile kernels, oneDNN's matmul, as in Python).
-The Python path stays the reference that every other case takes: prompt chunks after cached context (their keys
-gathered from the cache), attention through SDPA, batches past a quantized linear's kernels, LoRA, tensor or
-pipeline parallel, EAGLE's auxiliary hidden states, sliding windows, KV scales still to calibrate, the torch
-kernels. It is the CPU's counterpart of a captured CUDA graph; `--enforce-eager` turns it off, as it turns graphs
-off in vLLM.
+bit. It takes decode steps of any batch and prompts (on the native prompt kernel: bf16, head_dim 64), where the
+cache holds bf16 also prompt chunks after cached context and requests that share a cached prefix (attended once
+for all of them, as the backend's cascade); a bf16 linear takes any batch (past its tile kernels, oneDNN's
+matmul, as in Python). The Python path stays the reference that every other case takes: attention through SDPA,
+batches past a quantized linear's kernels, LoRA, tensor or pipeline parallel, EAGLE's auxiliary hidden states,
+sliding windows, KV scales still to calibrate, the torch kernels. It is the CPU's counterpart of a captured CUDA
+graph; `--enforce-eager` turns it off, as it turns graphs off in vLLM.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -111,7 +111,8 @@ class NativeDecoderStack:
         self.cache = first.attn.kv_cache
         self.backend = first.attn.backend
         bf16 = m.embed_tokens.weight.dtype == torch.bfloat16
-        # whole prompts and shared-prefix steps too (on the prompt kernel, as the backend runs them)
+        # prompt chunks and shared-prefix steps too (on the prompt kernel, as the backend runs them); those that
+        # read keys from the cache (a shared prefix, a chunk after cached context) on a bf16 cache only
         self.prompts = bf16 and self.backend.native_prompts(first.head_dim)
         self.cascade = bf16 and self.backend.native_cascade(self.cache, first.head_dim)
         size = "of any size" if self.max_rows >= ANY_ROWS else f"of up to {self.max_rows} tokens"
@@ -130,15 +131,15 @@ class NativeDecoderStack:
                 return None
         if input_ids.shape[0] > self.max_rows:
             return None
-        plan = self.backend.native_plan(md, self.cache.shape[2], self.cascade, self.prompts)
+        plan = self.backend.native_plan(md, self.cache.shape[2], self.cascade, self.prompts, self.cascade)
         if plan is None:
             return None
         p = plan.prefix
         prefix = (0, -1, None, None, False) if p is None else (
             p.num_blocks, -1 if p.first_block is None else p.first_block, p.block_ids, p.token_index, p.all_tokens)
-        qsl = md.query_start_loc_np
-        spans = torch.tensor([(qsl[i], qsl[i + 1]) for i in plan.sdpa_rows], dtype=torch.int64) \
-            if plan.sdpa_rows else None
+        qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
+        spans = torch.tensor([(qsl[i], qsl[i + 1], i, seq_lens[i] - (qsl[i + 1] - qsl[i])) for i in plan.sdpa_rows],
+                             dtype=torch.int64) if plan.sdpa_rows else None
         return self.stack.forward(m.embed_tokens(input_ids), positions, md.slot_mapping, md.block_table,
                                   md.seq_lens, md.query_start_loc, plan.kernel_rows, bool(self.backend.decode_amx),
                                   *prefix, spans)

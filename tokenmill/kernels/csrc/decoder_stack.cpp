@@ -1,11 +1,11 @@
-// A Llama-family decoder's layers as one native call, for steps of decodes, short chunks after cached context and
-// whole prompts (model/native_stack.py decides which). Eager Python spends ~6 ms of a batch-1 step of SmolLM2
+// A Llama-family decoder's layers as one native call, for steps of decodes and prompt chunks (model/
+// native_stack.py decides which). Eager Python spends ~6 ms of a batch-1 step of SmolLM2
 // (30 layers, ~40 torch calls each) between kernels; this loop calls the same kernels, in the same order, on the
 // same tensors, so its output is bit for bit the Python path's. It is the CPU's counterpart of a captured CUDA
 // graph, and --enforce-eager turns it off as it turns graphs off in vLLM.
 //
 // Per layer: [add +] rms_norm -> qkv -> rope_and_cache -> paged_attention (or, for rows that share a cached
-// prefix, the cascade: the tails, the prefix by the prompt kernel, merged), whole prompts on the prompt kernel
+// prefix, the cascade: the tails, the prefix by the prompt kernel, merged), prompt chunks on the prompt kernel
 // -> o_proj -> add + rms_norm -> gate_up (-> silu_and_mul, or the AMX matmul's gated epilogue) -> down; then the
 // final add + rms_norm.
 // A linear is either the tile layout (skinny kernel up to small_max_rows, the tile matmul up to max_rows, oneDNN's
@@ -168,27 +168,37 @@ struct DecoderStack : torch::CustomClassHolder {
                                         lse_pre.view({n, hkv, group}), token_index);
   }
 
-  // Whole prompts (no earlier context), each causal over its own fresh K/V (k as rope_and_cache left it in
-  // qkv), on the prompt kernel, as the backend's native_prompt_row runs them. spans: [n, 2] int64 start, end.
-  void prompts(at::Tensor& attn, const at::Tensor& q, const at::Tensor& qkv, const at::Tensor& spans) const {
-    const int64_t t = qkv.size(0);
+  // Prompt chunks, each causal, on the prompt kernel, as the backend's native_prompt_row runs them: a whole prompt
+  // over its fresh K/V (k as rope_and_cache left it in qkv), a chunk after `context` cached tokens over its
+  // sequence's keys gathered from its cache blocks (bf16 caches only: the caller checks). spans: [n, 4] int64
+  // rows of (start, end, batch row, context).
+  void prompts(const StackLayer& layer, at::Tensor& attn, const at::Tensor& q, const at::Tensor& qkv,
+               const at::Tensor& spans, const at::Tensor& block_table) const {
+    const int64_t t = qkv.size(0), block_size = layer.k_cache.size(1);
     const at::Tensor k = qkv.narrow(1, hq * head_dim, hkv * head_dim).view({t, hkv, head_dim});
     const at::Tensor v = qkv.narrow(1, (hq + hkv) * head_dim, hkv * head_dim).view({t, hkv, head_dim});
-    TORCH_CHECK(spans.scalar_type() == at::kLong && spans.is_contiguous() && spans.dim() == 2 && spans.size(1) == 2,
-                "decoder stack: prompt spans must be a contiguous [n, 2] int64 tensor");
+    TORCH_CHECK(spans.scalar_type() == at::kLong && spans.is_contiguous() && spans.dim() == 2 && spans.size(1) == 4,
+                "decoder stack: prompt spans must be a contiguous [n, 4] int64 tensor");
     const int64_t* s = spans.data_ptr<int64_t>();
     for (int64_t i = 0; i < spans.size(0); ++i) {
-      const int64_t start = s[2 * i], len = s[2 * i + 1] - s[2 * i];
+      const int64_t start = s[4 * i], len = s[4 * i + 1] - s[4 * i], row = s[4 * i + 2], context = s[4 * i + 3];
+      at::Tensor ki = k.narrow(0, start, len), vi = v.narrow(0, start, len);
+      if (context > 0) {  // the whole sequence, from its blocks
+        const int64_t seq_len = context + len;
+        const at::Tensor ids = block_table.select(0, row).narrow(0, 0, (seq_len + block_size - 1) / block_size)
+                                   .to(at::kLong);
+        ki = layer.k_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
+        vi = layer.v_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
+      }
       at::Tensor out = attn.narrow(0, start, len);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
       if (tokenmill_native::amx_permitted()) {
-        tokenmill_native::amx_prefill_attention(out, q.narrow(0, start, len), k.narrow(0, start, len),
-                                                v.narrow(0, start, len), scale, 0, true, c10::nullopt);
+        tokenmill_native::amx_prefill_attention(out, q.narrow(0, start, len), ki, vi, scale, context, true,
+                                                c10::nullopt);
         continue;
       }
 #endif
-      tokenmill_native::prefill_attention(out, q.narrow(0, start, len), k.narrow(0, start, len),
-                                          v.narrow(0, start, len), scale, 0, true, c10::nullopt);
+      tokenmill_native::prefill_attention(out, q.narrow(0, start, len), ki, vi, scale, context, true, c10::nullopt);
     }
   }
 
@@ -196,8 +206,8 @@ struct DecoderStack : torch::CustomClassHolder {
   // rows, block_table ... decode_amx: what the CPU backend passes the paged-attention kernel for this step.
   // prefix_blocks > 0: the rows share that many leading blocks (prefix_first_block, the first of them when they
   // are consecutive, else -1 and their ids in prefix_block_ids), attended by cascade() for the tokens in
-  // token_index (all_tokens: every token of the step, in order). rows: none when the step is only whole prompts,
-  // whose token spans prompt_spans gives (see prompts()).
+  // token_index (all_tokens: every token of the step, in order). rows: none when the step is only prompt chunks,
+  // which prompt_spans gives (see prompts()).
   at::Tensor forward(at::Tensor x, at::Tensor positions, at::Tensor slot_mapping, at::Tensor block_table,
                      at::Tensor seq_lens, at::Tensor query_start_loc, c10::optional<at::Tensor> rows, bool decode_amx,
                      int64_t prefix_blocks, int64_t prefix_first_block, c10::optional<at::Tensor> prefix_block_ids,
@@ -230,7 +240,7 @@ struct DecoderStack : torch::CustomClassHolder {
                                           query_start_loc, *rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale,
                                           0, decode_amx);
       }
-      if (prompt_spans.has_value()) prompts(attn, q, qkv, *prompt_spans);
+      if (prompt_spans.has_value()) prompts(layer, attn, q, qkv, *prompt_spans, block_table);
       x = layer.linears[1](attn.view({tokens, hq * head_dim}));
       tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
       x = mlp(layer, x);
