@@ -81,20 +81,20 @@ class CpuPagedBackend(AttentionBackend):
                 native_prompt_row(self._prefill_op, q, k, v, kv_cache, md, scale, i, out, scales)
         return out
 
-    def native_plan(self, md: AttentionMetadata, block_size: int, cascade: bool, prompts: bool,
-                    chunks: bool) -> CpuPlan | None:
-        """The plan of a step of full attention for a native decoder stack to run: the paged kernel's rows, with
-        a shared prefix only where the stack runs the cascade itself (`cascade`), and rows for SDPA or the prompt
-        kernels only where the stack runs them: whole prompts (`prompts`), chunks after cached context too
-        (`chunks`: their keys gathered from a bf16 cache); else None."""
+    def native_plan(self, md: AttentionMetadata, block_size: int, prompts: bool,
+                    cached_keys: bool) -> CpuPlan | None:
+        """The plan of a step of full attention for a native decoder stack to run: the paged kernel's rows, and
+        only where the stack runs them itself: rows for SDPA or the prompt kernels (`prompts`: whole prompts),
+        and work that reads keys from the cache on the prompt kernel (`cached_keys`: a shared prefix, prompt
+        chunks after cached context); else None."""
         plan = md.backend_plan.get(self.name)
         if plan is None:
             plan = md.backend_plan[self.name] = self._plan(md, block_size)
-        if plan.prefix is not None and not cascade:
+        if plan.prefix is not None and not cached_keys:
             return None
         if plan.sdpa_rows:
             qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
-            if not prompts or (not chunks and any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows)):
+            if not prompts or (not cached_keys and any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows)):
                 return None
         elif plan.kernel_rows is None:
             return None
@@ -105,7 +105,7 @@ class CpuPagedBackend(AttentionBackend):
         (bf16, head_dim 64). A whole prompt's keys are this step's own, whatever the cache's dtype."""
         return self._prefill_op is not None and head_dim == 64
 
-    def native_cascade(self, kv_cache: torch.Tensor, head_dim: int) -> bool:
+    def native_cached_keys(self, kv_cache: torch.Tensor, head_dim: int) -> bool:
         """Whether a native stack may read keys from the cache as _cascade and native_prompt_row do (a shared
         prefix, a chunk after cached context): the prompt kernel takes them and the cache holds bf16 (no
         dequantizing)."""

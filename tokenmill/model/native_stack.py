@@ -114,9 +114,10 @@ class NativeDecoderStack:
         # prompt chunks and shared-prefix steps too (on the prompt kernel, as the backend runs them); those that
         # read keys from the cache (a shared prefix, a chunk after cached context) on a bf16 cache only
         self.prompts = bf16 and self.backend.native_prompts(first.head_dim)
-        self.cascade = bf16 and self.backend.native_cascade(self.cache, first.head_dim)
+        self.cached_keys = bf16 and self.backend.native_cached_keys(self.cache, first.head_dim)
         size = "of any size" if self.max_rows >= ANY_ROWS else f"of up to {self.max_rows} tokens"
-        what = "decode, prompt and shared-prefix" if self.cascade else "decode and prompt" if self.prompts else "decode"
+        what = "decode, prompt and shared-prefix" if self.cached_keys else "decode and prompt" if self.prompts \
+            else "decode"
         logger.info("%s steps %s run the %d layers as one native call", what, size, len(layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor | None:
@@ -131,7 +132,7 @@ class NativeDecoderStack:
                 return None
         if input_ids.shape[0] > self.max_rows:
             return None
-        plan = self.backend.native_plan(md, self.cache.shape[2], self.cascade, self.prompts, self.cascade)
+        plan = self.backend.native_plan(md, self.cache.shape[2], self.prompts, self.cached_keys)
         if plan is None:
             return None
         p = plan.prefix

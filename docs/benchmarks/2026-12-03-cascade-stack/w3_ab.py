@@ -34,7 +34,7 @@ sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
 llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)   # first touch of the pages
 for r in range(rounds):
     for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-        stack.cascade = mode == "on"
+        stack.cached_keys = mode == "on"
         assert llm.engine_core.scheduler.kv_cache_manager.pool.reset_prefix_cache()
         steps.clear()
         t = time.perf_counter()

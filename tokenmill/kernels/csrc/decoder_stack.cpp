@@ -135,6 +135,16 @@ struct DecoderStack : torch::CustomClassHolder {
     return layer.linears[3](h);
   }
 
+  // The prompt kernel the Python layers pick (kernels.prefill_attention_op): on AMX tiles where the CPU has AMX.
+  void prompt_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        int64_t context, bool causal, const c10::optional<at::Tensor>& lse) const {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (tokenmill_native::amx_permitted())
+      return tokenmill_native::amx_prefill_attention(out, q, k, v, scale, context, causal, lse);
+#endif
+    tokenmill_native::prefill_attention(out, q, k, v, scale, context, causal, lse);
+  }
+
   // Shared-prefix (cascade) attention, as the CPU backend's _cascade runs it (attention/cpu.py): the kernel
   // attends each row's tail past the prefix's blocks, the prompt kernel attends the prefix once for every new
   // token (not causal: all of them see all of it), and the two are merged by their log-sum-exps. The cache is
@@ -156,14 +166,7 @@ struct DecoderStack : torch::CustomClassHolder {
     const int64_t n = token_index.size(0), group = hq / hkv;
     at::Tensor o_pre = at::empty({n, hq, head_dim}, q.options());
     at::Tensor lse_pre = at::empty({n, hq}, q.options().dtype(at::kFloat));
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (tokenmill_native::amx_permitted())
-      tokenmill_native::amx_prefill_attention(o_pre, qr, prefix_of(layer.k_cache), prefix_of(layer.v_cache), scale,
-                                              0, false, lse_pre);
-    else
-#endif
-      tokenmill_native::prefill_attention(o_pre, qr, prefix_of(layer.k_cache), prefix_of(layer.v_cache), scale, 0,
-                                          false, lse_pre);
+    prompt_attention(o_pre, qr, prefix_of(layer.k_cache), prefix_of(layer.v_cache), 0, false, lse_pre);
     tokenmill_native::merge_attn_states(attn, lse_tail, o_pre.view({n, hkv, group, head_dim}),
                                         lse_pre.view({n, hkv, group}), token_index);
   }
@@ -190,15 +193,7 @@ struct DecoderStack : torch::CustomClassHolder {
         ki = layer.k_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
         vi = layer.v_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
       }
-      at::Tensor out = attn.narrow(0, start, len);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-      if (tokenmill_native::amx_permitted()) {
-        tokenmill_native::amx_prefill_attention(out, q.narrow(0, start, len), ki, vi, scale, context, true,
-                                                c10::nullopt);
-        continue;
-      }
-#endif
-      tokenmill_native::prefill_attention(out, q.narrow(0, start, len), ki, vi, scale, context, true, c10::nullopt);
+      prompt_attention(attn.narrow(0, start, len), q.narrow(0, start, len), ki, vi, context, true, c10::nullopt);
     }
   }
 

@@ -3,11 +3,11 @@
 // Each weight is repacked once into the tile layout of amx_gemm.h: for each block of 16 outputs, its K panel of
 // 1 KB tiles (16 pairs of k x 16 outputs x 2), contiguous. Three kernels read it, each as one sequential weight
 // stream per thread:
-//  - skinny (1-8 rows with AMX, 1-4 without; AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of k, so a `vdpbf16ps`
-//    against the broadcast input pair advances 16 outputs at once with no horizontal sums. A decode step of a
-//    small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small weights at ~14 GB/s
-//    here, this one at ~20 GB/s, what the machine reads. Each row's sums are the same whatever the rows
-//    beside it, so up to 8 rows a token gets the same bits in any batch: drafts verified together (up to 7
+//  - skinny (1-8 rows with AMX, 1-4 without; AVX-512 BF16): a panel row (64 bytes) is 16 outputs x one pair of
+//    k, so a `vdpbf16ps` against the broadcast input pair advances 16 outputs at once with no horizontal sums. A
+//    decode step of a small batch is a pure weight stream; oneDNN's blocked kernels stream SmolLM2's small
+//    weights at ~14 GB/s here, this one at ~20 GB/s, what the machine reads. Each row's sums are the same
+//    whatever the rows beside it, so a token gets the same bits in any batch: drafts verified together (up to 7
 //    and the bonus) give what decoding them one at a time gives, and bf16 speculation stays lossless.
 //  - AMX (9 to a few hundred rows; the loop is amx_gemm.h's, shared with the quantized AMX matmul): C00 C01 C10
 //    C11 (fp32, 16 x 16) accumulate a 32-row x 32-output block from A0 A1 (16 rows x 32 k) and B0 B1 (tiles of
@@ -148,15 +148,18 @@ struct PackedPanels {
   void next_bytes(int64_t nb, NextPanels& next) const { next.add(panel(nb, 0), panel_bytes); }
 };
 
-// amx_gemm on AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX.
-at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                    int64_t n, bool gated) {
+// Either tile matmul: the arguments checked, the output made, and each thread's block pairs [p0, p1) handed to
+// `loop(panels, x, m, m_x, k, bias, y, p0, p1)`. x goes as `prepare` returns it (AMX pads its rows to whole
+// tiles: m_x is that tensor's row count, m the real one).
+template <class Prepare, class Loop>
+at::Tensor tile_gemm(const char* name, const at::Tensor& x, const at::Tensor& packed,
+                     const c10::optional<at::Tensor>& bias, int64_t n, bool gated, Prepare prepare, Loop loop) {
   check_packed(x, packed, n);
-  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "vec_gemm: gated needs gate and up of whole 16-output blocks");
+  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, name, ": gated needs gate and up of whole 16-output blocks");
   const int64_t m = x.size(0), k = x.size(1);
   auto y = at::empty({m, gated ? n / 2 : n}, x.options());
   if (m == 0) return y;
-  const at::Tensor xc = x.contiguous();
+  const at::Tensor xc = prepare(x);
   const at::Tensor bf = float_bias(bias, n);
   const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
@@ -164,9 +167,19 @@ at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
   const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
   at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
     PackedPanels panels{reinterpret_cast<const char*>(packed.data_ptr()), k / kTileK * kTileBytes};
-    tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+    loop(panels, xp, m, xc.size(0), k, bp, yp, p0, p1);
   });
   return y;
+}
+
+// amx_gemm on AVX-512 BF16 vectors (vec_gemm.h), for CPUs without AMX.
+at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                    int64_t n, bool gated) {
+  return tile_gemm("vec_gemm", x, packed, bias, n, gated, [](const at::Tensor& t) { return t.contiguous(); },
+                   [&](PackedPanels& panels, const uint16_t* xp, int64_t m, int64_t, int64_t k, const float* bp,
+                       uint16_t* yp, int64_t p0, int64_t p1) {
+                     tokenmill_tiles::vec_gemm_range(xp, m, k, panels, bp, yp, n, gated, vec_chunk(m, k), p0, p1);
+                   });
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -175,26 +188,13 @@ at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
 at::Tensor amx_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                     int64_t n, bool gated) {
   TORCH_CHECK(tokenmill_amx::permitted(), "amx_gemm: this CPU or kernel does not allow AMX");
-  check_packed(x, packed, n);
-  TORCH_CHECK(!gated || n % (2 * kTileN) == 0, "amx_gemm: gated needs gate and up of whole 16-output blocks");
-  const int64_t m = x.size(0), k = x.size(1);
-  auto y = at::empty({m, gated ? n / 2 : n}, x.options());
-  if (m == 0) return y;
-  const at::Tensor xc = padded_rows(x);
-  const int64_t m_pad = xc.size(0);
-  const at::Tensor bf = float_bias(bias, n);
-  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
-  const int64_t lda = k * 2;
+  const int64_t lda = x.size(-1) * 2;
   const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
-  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    PackedPanels panels{reinterpret_cast<const char*>(wp), k / kTileK * kTileBytes};
-    tokenmill_tiles::gemm_range(xp, m, m_pad, k, panels, bp, yp, n, gated, chunk, p0, p1);
-  });
-  return y;
+  return tile_gemm("amx_gemm", x, packed, bias, n, gated, [](const at::Tensor& t) { return padded_rows(t); },
+                   [&](PackedPanels& panels, const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k,
+                       const float* bp, uint16_t* yp, int64_t p0, int64_t p1) {
+                     tokenmill_tiles::gemm_range(xp, m, m_pad, k, panels, bp, yp, n, gated, chunk, p0, p1);
+                   });
 }
 
 bool amx_available() { return tokenmill_amx::permitted(); }

@@ -121,7 +121,8 @@ void vec_gemm_range(const uint16_t* xp, int64_t m, int64_t k, Panels& panels, co
             store_gated_row(c[r][0], c[r][1], out, s0, s1, bias0, bias1);
             continue;
           }
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(epilogue(c[r][0], s0, bias0)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                              (__m256i)_mm512_cvtneps_pbh(epilogue(c[r][0], s0, bias0)));
           if (pair)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (nb_second - nb) * kTileN),
                                 (__m256i)_mm512_cvtneps_pbh(epilogue(c[r][1], s1, bias1)));
