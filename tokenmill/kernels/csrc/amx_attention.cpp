@@ -160,7 +160,7 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
   at::parallel_for(0, a.hq * blocks, 1, [&](int64_t b, int64_t e) {
     tokenmill_amx::configure_tiles();
     for (int64_t t = b; t < e; ++t) {
-      const int64_t h = t / blocks, qb = t % blocks, kvh = h / a.group;
+      const int64_t h = t / blocks, qb = zigzag_block(t % blocks, blocks), kvh = h / a.group;
       attend_block(q_p + h * kD, q.stride(0), a.rows, a.k_of(kvh), a.v_of(kvh), context, a.seq_len, causal, qb * kQ,
                    static_cast<float>(scale), o_p + qb * kQ * out.stride(0) + h * kD, out.stride(0),
                    a.lse ? a.lse + qb * kQ * a.lse_row + h * a.lse_head : nullptr, a.lse_row);

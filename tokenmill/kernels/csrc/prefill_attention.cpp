@@ -181,10 +181,10 @@ void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k,
   auto* o_p = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t blocks = (a.rows + kBlockRows - 1) / kBlockRows;
   const float sc = static_cast<float>(scale);
-  // tasks in head-major order: each thread's range walks whole causal triangles, so the threads' shares match
+  // tasks in head-major order, each head's blocks in zigzag order (zigzag_block says why)
   at::parallel_for(0, a.hq * blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t h = t / blocks, r0 = (t % blocks) * kBlockRows, kvh = h / a.group;
+      const int64_t h = t / blocks, r0 = zigzag_block(t % blocks, blocks) * kBlockRows, kvh = h / a.group;
       const int64_t n = std::min(kBlockRows, a.rows - r0);
       const uint16_t* kp = a.k_of(kvh);
       const uint16_t* vp = a.v_of(kvh);
