@@ -1,10 +1,11 @@
 """Scaling sweeps, the same method for tokenmill and vLLM (offline, bf16, greedy, random prompts):
-- context: one request of N prompt tokens, TTFT = median wall with max_tokens=1, TPOT = (wall with 64 output
-  tokens - TTFT) / 63, for N in 256 .. 7,936;
+- context: one request of N prompt tokens, TTFT = median wall with max_tokens=1, TPOT = (wall with T output
+  tokens - TTFT) / (T - 1), for N in 256 .. 7,936 (T: --tpot-tokens, 64 by default; at 4k-8k prompts the
+  prompt's run-to-run noise, ~0.3 s, moves a 64-token TPOT by ~5 ms, so 256 there);
 - batch: B requests of 256 prompt tokens at once, 128 output tokens each, output tokens per second of the whole
   run, for B in 1 .. 256.
 
-    python sweep.py --engine tokenmill|vllm [--contexts 256,1024,...] [--batches 1,4,...] > out.jsonl
+    python sweep.py --engine tokenmill|vllm [--contexts 256,1024,...] [--batches 1,4,...] [--tpot-tokens T] > out.jsonl
 """
 
 import argparse
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=["tokenmill", "vllm"], required=True)
     ap.add_argument("--contexts", default="256,512,1024,2048,4096,7936")
     ap.add_argument("--batches", default="1,4,16,64,128,256")
+    ap.add_argument("--tpot-tokens", type=int, default=64)
     a = ap.parse_args()
     if a.engine == "vllm":
         from vllm import LLM, SamplingParams
@@ -44,9 +46,10 @@ def main() -> None:
     for ctx in [int(x) for x in a.contexts.split(",") if x]:
         p = prompts(1, ctx, ctx)
         ttft = statistics.median(run(p, 1) for _ in range(2))
-        total = statistics.median(run(p, 64) for _ in range(2))
+        n = min(a.tpot_tokens, 8192 - ctx)
+        total = statistics.median(run(p, n) for _ in range(2))
         print(json.dumps(dict(engine=a.engine, sweep="context", context=ctx, ttft_ms=round(ttft * 1e3, 1),
-                              tpot_ms=round((total - ttft) / 63 * 1e3, 2))), flush=True)
+                              tpot_ms=round((total - ttft) / (n - 1) * 1e3, 2), output_tokens=n)), flush=True)
     for b in [int(x) for x in a.batches.split(",") if x]:
         wall = run(prompts(b, 256, 1000 + b), 128)
         print(json.dumps(dict(engine=a.engine, sweep="batch", batch=b, wall_s=round(wall, 2),
