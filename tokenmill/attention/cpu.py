@@ -44,6 +44,9 @@ class CpuPlan:
     kernel_rows: torch.Tensor | None
     sdpa_rows: list[int]
     prefix: SharedPrefix | None
+    # the sdpa rows as a native stack takes them, [n, 4] int64 rows of (start, end, batch row, cached context):
+    # made by native_plan, once a step
+    prompt_spans: torch.Tensor | None = None
 
 
 class CpuPagedBackend(AttentionBackend):
@@ -93,8 +96,14 @@ class CpuPagedBackend(AttentionBackend):
         if plan.prefix is not None and not cached_keys:
             return None
         if plan.sdpa_rows:
-            qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
-            if not prompts or (not cached_keys and any(seq_lens[i] != qsl[i + 1] - qsl[i] for i in plan.sdpa_rows)):
+            if not prompts:
+                return None
+            if plan.prompt_spans is None:
+                rows = np.asarray(plan.sdpa_rows)
+                start, end = md.query_start_loc_np[rows], md.query_start_loc_np[rows + 1]
+                plan.prompt_spans = torch.from_numpy(
+                    np.stack([start, end, rows, md.seq_lens_np[rows] - (end - start)], axis=1).astype(np.int64))
+            if not cached_keys and bool(plan.prompt_spans[:, 3].any()):   # a chunk after cached context
                 return None
         elif plan.kernel_rows is None:
             return None

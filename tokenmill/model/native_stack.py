@@ -138,9 +138,6 @@ class NativeDecoderStack:
         p = plan.prefix
         prefix = (0, -1, None, None, False) if p is None else (
             p.num_blocks, -1 if p.first_block is None else p.first_block, p.block_ids, p.token_index, p.all_tokens)
-        qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
-        spans = torch.tensor([(qsl[i], qsl[i + 1], i, seq_lens[i] - (qsl[i + 1] - qsl[i])) for i in plan.sdpa_rows],
-                             dtype=torch.int64) if plan.sdpa_rows else None
         return self.stack.forward(m.embed_tokens(input_ids), positions, md.slot_mapping, md.block_table,
                                   md.seq_lens, md.query_start_loc, plan.kernel_rows, bool(self.backend.decode_amx),
-                                  *prefix, spans)
+                                  *prefix, plan.prompt_spans)

@@ -171,27 +171,39 @@ struct DecoderStack : torch::CustomClassHolder {
                                         lse_pre.view({n, hkv, group}), token_index);
   }
 
-  // Prompt chunks, each causal, on the prompt kernel, as the backend's native_prompt_row runs them: a whole prompt
-  // over its fresh K/V (k as rope_and_cache left it in qkv), a chunk after `context` cached tokens over its
-  // sequence's keys gathered from its cache blocks (bf16 caches only: the caller checks). spans: [n, 4] int64
-  // rows of (start, end, batch row, context).
-  void prompts(const StackLayer& layer, at::Tensor& attn, const at::Tensor& q, const at::Tensor& qkv,
-               const at::Tensor& spans, const at::Tensor& block_table) const {
-    const int64_t t = qkv.size(0), block_size = layer.k_cache.size(1);
-    const at::Tensor k = qkv.narrow(1, hq * head_dim, hkv * head_dim).view({t, hkv, head_dim});
-    const at::Tensor v = qkv.narrow(1, (hq + hkv) * head_dim, hkv * head_dim).view({t, hkv, head_dim});
+  // The block ids each prompt span's keys are gathered from (the same for every layer): a chunk after cached
+  // context its sequence's blocks, int64; a whole prompt none. spans: [n, 4] int64 rows of (start, end, batch row,
+  // context).
+  std::vector<at::Tensor> span_blocks(const at::Tensor& spans, const at::Tensor& block_table) const {
     TORCH_CHECK(spans.scalar_type() == at::kLong && spans.is_contiguous() && spans.dim() == 2 && spans.size(1) == 4,
                 "decoder stack: prompt spans must be a contiguous [n, 4] int64 tensor");
+    const int64_t block_size = layers.front().k_cache.size(1);
+    const int64_t* s = spans.data_ptr<int64_t>();
+    std::vector<at::Tensor> ids(spans.size(0));
+    for (int64_t i = 0; i < spans.size(0); ++i) {
+      const int64_t seq_len = s[4 * i + 3] + s[4 * i + 1] - s[4 * i];
+      if (s[4 * i + 3] > 0)
+        ids[i] = block_table.select(0, s[4 * i + 2]).narrow(0, 0, (seq_len + block_size - 1) / block_size)
+                     .to(at::kLong);
+    }
+    return ids;
+  }
+
+  // Prompt chunks, each causal, on the prompt kernel, as the backend's native_prompt_row runs them: a whole prompt
+  // over its fresh K/V (k as rope_and_cache left it in qkv), a chunk after `context` cached tokens over its
+  // sequence's keys gathered from its cache blocks (bf16 caches only: the caller checks). blocks: span_blocks'.
+  void prompts(const StackLayer& layer, at::Tensor& attn, const at::Tensor& q, const at::Tensor& qkv,
+               const at::Tensor& spans, const std::vector<at::Tensor>& blocks) const {
+    const int64_t t = qkv.size(0);
+    const at::Tensor k = qkv.narrow(1, hq * head_dim, hkv * head_dim).view({t, hkv, head_dim});
+    const at::Tensor v = qkv.narrow(1, (hq + hkv) * head_dim, hkv * head_dim).view({t, hkv, head_dim});
     const int64_t* s = spans.data_ptr<int64_t>();
     for (int64_t i = 0; i < spans.size(0); ++i) {
-      const int64_t start = s[4 * i], len = s[4 * i + 1] - s[4 * i], row = s[4 * i + 2], context = s[4 * i + 3];
+      const int64_t start = s[4 * i], len = s[4 * i + 1] - s[4 * i], context = s[4 * i + 3];
       at::Tensor ki = k.narrow(0, start, len), vi = v.narrow(0, start, len);
       if (context > 0) {  // the whole sequence, from its blocks
-        const int64_t seq_len = context + len;
-        const at::Tensor ids = block_table.select(0, row).narrow(0, 0, (seq_len + block_size - 1) / block_size)
-                                   .to(at::kLong);
-        ki = layer.k_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
-        vi = layer.v_cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, seq_len);
+        ki = layer.k_cache.index_select(0, blocks[i]).flatten(0, 1).narrow(0, 0, context + len);
+        vi = layer.v_cache.index_select(0, blocks[i]).flatten(0, 1).narrow(0, 0, context + len);
       }
       prompt_attention(attn.narrow(0, start, len), q.narrow(0, start, len), ki, vi, context, true, c10::nullopt);
     }
@@ -212,6 +224,8 @@ struct DecoderStack : torch::CustomClassHolder {
                                        (prefix_first_block >= 0 || prefix_block_ids.has_value())),
                 "decoder stack: a shared prefix needs its rows, token index and blocks");
     const int64_t tokens = x.size(0);
+    const std::vector<at::Tensor> blocks =
+        prompt_spans.has_value() ? span_blocks(*prompt_spans, block_table) : std::vector<at::Tensor>();
     at::Tensor residual;
     for (size_t i = 0; i < layers.size(); ++i) {
       const StackLayer& layer = layers[i];
@@ -235,7 +249,7 @@ struct DecoderStack : torch::CustomClassHolder {
                                           query_start_loc, *rows, scale, 0, c10::nullopt, layer.k_scale, layer.v_scale,
                                           0, decode_amx);
       }
-      if (prompt_spans.has_value()) prompts(layer, attn, q, qkv, *prompt_spans, block_table);
+      if (prompt_spans.has_value()) prompts(layer, attn, q, qkv, *prompt_spans, blocks);
       x = layer.linears[1](attn.view({tokens, hq * head_dim}));
       tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
       x = mlp(layer, x);
