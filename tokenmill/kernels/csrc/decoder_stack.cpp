@@ -181,8 +181,8 @@ struct DecoderStack : torch::CustomClassHolder {
     const int64_t* s = spans.data_ptr<int64_t>();
     std::vector<at::Tensor> ids(spans.size(0));
     for (int64_t i = 0; i < spans.size(0); ++i) {
-      const int64_t seq_len = s[4 * i + 3] + s[4 * i + 1] - s[4 * i];
-      if (s[4 * i + 3] > 0)
+      const int64_t context = s[4 * i + 3], seq_len = context + s[4 * i + 1] - s[4 * i];
+      if (context > 0)
         ids[i] = block_table.select(0, s[4 * i + 2]).narrow(0, 0, (seq_len + block_size - 1) / block_size)
                      .to(at::kLong);
     }

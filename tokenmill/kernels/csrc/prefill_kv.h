@@ -61,13 +61,13 @@ inline void pack_kv_step(const uint16_t* k, const uint16_t* v, int64_t kv_stride
   }
 }
 
-// The arguments both kernels take, checked, and the request's K and V packed for them.
 // The query block that task slot i of a head walks, of `blocks`: 0, last, 1, last - 1, ... Both prompt kernels
 // hand each thread a contiguous range of (head, slot) tasks; SmolLM2 has 9 query heads, so one head is split
 // between the two threads, and in block order its first half (the causal triangle's short rows) is a quarter of its
 // work: one thread got 4.25 heads' work and the other 4.75. In this order any run of slots is about its share.
 inline int64_t zigzag_block(int64_t i, int64_t blocks) { return i % 2 == 0 ? i / 2 : blocks - 1 - i / 2; }
 
+// The arguments both kernels take, checked, and the request's K and V packed for them.
 // out [L, Hq, 64] (rows of this request), q [L, Hq, 64], k and v [S, Hkv, 64]; each may have any token stride.
 // Causal: S = context + L, and query row r sits at position context + r and sees keys 0..context + r. Not
 // causal: every row sees all S keys (a shared prefix, for cascade attention). lse: [L, Hq] fp32, optional.
