@@ -28,8 +28,9 @@ def test_idle_prefault_writes_only_blocks_never_handed_out(tiny_model_dir, monke
         cache[:, untouched:].fill_(1)
     assert core.prefault_idle_kv()
     assert all((c[:, untouched:untouched + 8] == 0).all() and (c[:, untouched + 8:] == 1).all() for c in caches)
-    # a prompt of 19 blocks takes the 8 pre-faulted blocks and 11 past them, past where the pre-fault stopped
-    long_prompt = [(7 * i) % 500 + 3 for i in range(300)]
+    # a prompt of 40 blocks, placed in one run from the lowest free block, takes the 8 pre-faulted blocks and
+    # more past them, past where the pre-fault stopped
+    long_prompt = [(7 * i) % 500 + 3 for i in range(640)]
     first = generate(long_prompt)
     assert pool.high_water >= untouched + 18
     written = [c[:, : pool.high_water + 1].clone() for c in caches]

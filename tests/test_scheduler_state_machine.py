@@ -74,10 +74,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         refs = collections.Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
         for block in pool.blocks[1:]:
             assert block.ref_cnt == refs[block.block_id], (block, refs[block.block_id])
-            assert (block.ref_cnt == 0) == (block.block_id in pool.free_queue), block
+            assert (block.ref_cnt == 0) == pool.is_free(block.block_id), block
         used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
         assert pool.num_free_blocks + used == pool.num_blocks
-        assert pool.null_block.ref_cnt == 0 and 0 not in pool.free_queue
+        assert pool.null_block.ref_cnt == 0 and not pool.is_free(0)
+        assert pool.num_plain == int(pool.plain.sum()) and not (pool.reserved & ~pool.plain).any()
 
     @invariant()
     def every_request_has_one_place(self):

@@ -1,9 +1,17 @@
-"""A pool of KV-cache blocks: reference counts, an O(1) LRU free queue, and the hash -> block map.
+"""A pool of KV-cache blocks: reference counts, placement that keeps each request's blocks in consecutive runs,
+an LRU queue of free cached blocks, and the hash -> block map.
 
-Freed blocks keep their hash and stay findable until a new allocation evicts them from the front of the
-free queue, so the least recently freed cached block goes first; freed blocks without a hash go to the front,
-reused before any cached or never-used block. Block 0 is a null block, never handed out:
-padding and unused block-table entries point at it.
+Free blocks are of two kinds. Plain ones hold no hash (never used, or freed with a partial block): they are
+handed out first, the lowest ids first, so a stream reuses the pages it has touched before writing a never-used
+one (a never-used page costs its first touch, ~0.7 ms a block of the embedded model in this project's VMs).
+Cached ones keep their hash and stay findable until an allocation evicts them, least recently freed first.
+
+Decode attention reads a request's blocks one after another; from memory it reads consecutive blocks up to 1.6x
+faster than scattered ones (fp8 cache, `docs/benchmarks/2026-12-04-block-runs/`). So an allocation continues the
+request's last block where the next one is free, and a new run is placed where `ahead` more free blocks follow it:
+those are softly reserved for the request's growth. A soft reservation only orders the choice: any allocation
+that finds no other plain block takes reserved ones before it evicts a cached block. Block 0 is a null block,
+never handed out: padding and unused block-table entries point at it.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from tokenmill.core.block_hash import BlockHash
 
@@ -22,6 +32,22 @@ class KVCacheBlock:
     block_hash: BlockHash | None = None
 
 
+@dataclass
+class Placement:
+    """Blocks handed to a request, and the end (exclusive) of its soft reservation past the last of them."""
+    blocks: list[KVCacheBlock]
+    reserved_until: int
+
+
+def first_run(avail: np.ndarray, length: int) -> int:
+    """The lowest index that starts `length` consecutive True entries of `avail`, or -1."""
+    if length <= 0 or length > avail.size:
+        return -1
+    counts = np.concatenate(([0], np.cumsum(avail, dtype=np.int64)))
+    hits = np.flatnonzero(counts[length:] - counts[:-length] == length)
+    return int(hits[0]) if hits.size else -1
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True):
         if num_blocks < 1:
@@ -30,7 +56,11 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks + 1)]
         self.null_block = self.blocks[0]
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
+        self.plain = np.ones(num_blocks + 1, dtype=bool)      # free and holding no hash
+        self.plain[0] = False
+        self.num_plain = num_blocks
+        self.reserved = np.zeros(num_blocks + 1, dtype=bool)  # softly kept for a request's growth
+        self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()   # free with a hash; LRU first
         self.cached: dict[bytes, KVCacheBlock] = {}
         # the largest block id ever handed out: blocks above it have never held a value (what the idle
         # pre-fault of the KV cache may write over)
@@ -38,11 +68,14 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return self.num_plain + len(self.free_cached)
 
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def is_free(self, block_id: int) -> bool:
+        return bool(self.plain[block_id]) or block_id in self.free_cached
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         block = self.cached.get(block_hash.value)
@@ -51,17 +84,63 @@ class BlockPool:
         return block
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        """n blocks for a new owner that reserves nothing past them."""
+        return self.allocate(n).blocks
+
+    def allocate(self, n: int, after: int = 0, reserved_until: int = 0, ahead: int = 0) -> Placement:
+        """n blocks for a request whose last block is `after` (0: it has none) and whose reservation runs to
+        `reserved_until`; `ahead`: how many more blocks to reserve if a new run starts. In this order: the
+        blocks right after `after`; a new run of plain unreserved blocks (with `ahead` more after it, else
+        without); the lowest plain blocks, unreserved then reserved; cached blocks, least recently freed first."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
+        ids: list[int] = []
+        nxt = after + 1
+        while after and len(ids) < n and nxt <= self.num_blocks and self.plain[nxt] and (
+                nxt < reserved_until or not self.reserved[nxt]):
+            ids.append(nxt)
+            nxt += 1
+        out = self._take(ids)
+        need = n - len(ids)
+        if need == 0:
+            return Placement(out, max(reserved_until, nxt))
+        self.release(nxt, reserved_until)
+        avail = self.plain & ~self.reserved
+        start = first_run(avail, need + ahead)
+        if start < 0:
+            start = first_run(avail, need)
+        if start >= 0:
+            end = start + need
+            while end < start + need + ahead and end <= self.num_blocks and avail[end]:
+                end += 1
+            self.reserved[start + need:end] = True
+            return Placement(out + self._take(range(start, start + need)), end)
+        ids = np.flatnonzero(avail)[:need].tolist()   # fragmented: single blocks, lowest first
+        if len(ids) < need:                            # a reservation yields to a real need
+            ids += np.flatnonzero(self.plain & self.reserved)[: need - len(ids)].tolist()
+        out += self._take(ids)
+        evicted = sorted(self.free_cached.popitem(last=False)[0] for _ in range(n - len(out)))
+        return Placement(out + self._take(evicted), 0)
+
+    def _take(self, ids: Iterable[int]) -> list[KVCacheBlock]:
         out = []
-        for _ in range(n):
-            _, block = self.free_queue.popitem(last=False)
+        for i in ids:
+            block = self.blocks[i]
+            if self.plain[i]:
+                self.plain[i] = False
+                self.num_plain -= 1
+            self.reserved[i] = False
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
-            if block.block_id > self.high_water:
-                self.high_water = block.block_id
+            if i > self.high_water:
+                self.high_water = i
         return out
+
+    def release(self, start: int, end: int) -> None:
+        """Give up a soft reservation of blocks start..end-1."""
+        if start < end:
+            self.reserved[start:end] = False
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
@@ -73,23 +152,24 @@ class BlockPool:
         """Take a reference on cached blocks found for a new request; free ones leave the free queue."""
         for block in blocks:
             if block.ref_cnt == 0:
-                del self.free_queue[block.block_id]
+                del self.free_cached[block.block_id]
             block.ref_cnt += 1
 
     def free_blocks(self, ordered: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference each; cached blocks reaching zero join the free queue's tail in the given order
-        (evicted last), blocks without a hash its front. Those hold nothing to find again, so the next
-        allocation takes them before it evicts a cached block or writes a never-used one: a never-used page
-        costs its first touch (~0.7 ms a block of the embedded model in this project's VMs, 6 of a 128-token
-        prompt's ~50 ms), and a block just freed is likely still in the CPU's caches."""
+        """Drop one reference each. Blocks reaching zero become plain if they hold no hash (nothing to find
+        again: the next allocation may take them before it evicts a cached block or writes a never-used one,
+        and a block just freed is likely still in the CPU's caches), else join the cached queue's tail in the
+        given order (evicted last)."""
         for block in ordered:
             block.ref_cnt -= 1
             if block.ref_cnt < 0:
                 raise RuntimeError(f"block {block.block_id} freed more often than it was taken")
             if block.ref_cnt == 0:
-                self.free_queue[block.block_id] = block
                 if block.block_hash is None:
-                    self.free_queue.move_to_end(block.block_id, last=False)
+                    self.plain[block.block_id] = True
+                    self.num_plain += 1
+                else:
+                    self.free_cached[block.block_id] = block
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], hashes: list[BlockHash], start: int, end: int) -> None:
         """Register blocks[start:end] (now full, their hashes known) for reuse by later requests."""
@@ -108,4 +188,9 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        for block_id in self.free_cached:
+            self.plain[block_id] = True
+        self.num_plain += len(self.free_cached)
+        self.free_cached.clear()
+        self.reserved[:] = False
         return True

@@ -8,6 +8,9 @@ from tokenmill.core.block_pool import BlockPool, KVCacheBlock
 from tokenmill.engine.request import Request
 from tokenmill.utils import cdiv
 
+# how many blocks of a request's output a new run reserves past it (256 tokens of 16-token blocks)
+MAX_AHEAD = 16
+
 
 @dataclass
 class PrefixCacheStats:
@@ -22,6 +25,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}   # how many of a request's blocks are registered in the cache
+        self.reserved_until: dict[str, int] = {}      # the end of a request's soft reservation past its last block
         self.stats = PrefixCacheStats()
 
     @property
@@ -63,10 +67,21 @@ class KVCacheManager:
             return None
         self.pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
-        new_blocks = self.pool.get_new_blocks(num_needed) if num_needed > 0 else []
+        new_blocks = self._place(request, blocks, num_needed) if num_needed > 0 else []
         blocks.extend(new_blocks)
         self._cache_blocks(request, min(total_tokens, request.num_tokens))
         return new_blocks
+
+    def _place(self, request: Request, blocks: list[KVCacheBlock], n: int) -> list[KVCacheBlock]:
+        """n new blocks for a request, after its last one where that is free. A new run reserves room for the
+        rest of the request's prompt and up to MAX_AHEAD blocks of its output past them."""
+        rid = request.request_id
+        life = cdiv(request.num_prompt_tokens + request.max_tokens, self.block_size) - len(blocks) - n
+        prompt_left = cdiv(request.num_prompt_tokens, self.block_size) - len(blocks) - n
+        ahead = max(0, min(life, max(prompt_left, 0) + MAX_AHEAD))
+        placed = self.pool.allocate(n, blocks[-1].block_id if blocks else 0, self.reserved_until.get(rid, 0), ahead)
+        self.reserved_until[rid] = placed.reserved_until
+        return placed.blocks
 
     def _cache_blocks(self, request: Request, num_tokens: int) -> None:
         if not self.enable_caching:
@@ -93,6 +108,9 @@ class KVCacheManager:
         """Give back a request's blocks, tail first, so its last blocks are evicted before its shared prefix."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        until = self.reserved_until.pop(request.request_id, 0)
+        if blocks:
+            self.pool.release(blocks[-1].block_id + 1, until)
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
