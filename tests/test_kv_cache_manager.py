@@ -199,3 +199,20 @@ def test_first_run():
     avail = np.array([False, True, True, False, True, True, True, False])
     assert [first_run(avail, n) for n in (1, 2, 3, 4, 0)] == [1, 1, 4, -1, -1]
     assert first_run(np.zeros(3, dtype=bool), 1) == -1
+
+
+def test_blocks_trimmed_off_a_run_are_taken_back_in_place():
+    """Rejected drafts' slots go back (trim); the request's next tokens take the same blocks again, so its run
+    stays whole."""
+    kv = KVCacheManager(num_blocks=32, block_size=BS)
+    a = make_req("a", list(range(8)))
+    kv.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    kv.allocate_slots(a, 1, num_lookahead_tokens=7)   # room for 7 draft tokens past the next one
+    assert kv.get_block_ids("a") == [1, 2, 3, 4]
+    assert kv.trim(a, 9) == 3
+    other = Request("other", [5, 6, 7], SamplingParams(), max_tokens=0, block_size=BS)
+    kv.allocate_slots(other, 3)                       # one block, first fit: not a's trimmed one
+    assert kv.get_block_ids("other") == [7]
+    kv.allocate_slots(a, 1, num_lookahead_tokens=7)
+    assert kv.get_block_ids("a") == [1, 2, 3, 4]

@@ -78,7 +78,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
         assert pool.num_free_blocks + used == pool.num_blocks
         assert pool.null_block.ref_cnt == 0 and not pool.is_free(0)
-        assert pool.num_plain == int(pool.plain.sum()) and not (pool.reserved & ~pool.plain).any()
+        assert pool.num_plain == int(pool.plain.sum())
+        assert not (pool.reserved & ~pool.plain).any(), "only plain (free, hashless) blocks are reserved"
 
     @invariant()
     def every_request_has_one_place(self):

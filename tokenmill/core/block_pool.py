@@ -10,8 +10,10 @@ Decode attention reads a request's blocks one after another; from memory it read
 faster than scattered ones (fp8 cache, `docs/benchmarks/2026-12-04-block-runs/`). So an allocation continues the
 request's last block where the next one is free, and a new run is placed where `ahead` more free blocks follow it:
 those are softly reserved for the request's growth. A soft reservation only orders the choice: any allocation
-that finds no other plain block takes reserved ones before it evicts a cached block. Block 0 is a null block,
-never handed out: padding and unused block-table entries point at it.
+that finds no other plain block takes reserved ones before it evicts a cached block. Cached blocks are evicted
+in LRU order only (a request's blocks are freed tail first, so its prefix is the last to go): the blocks of one
+eviction are handed out in ascending order, and a run placed on them reserves only plain blocks past it. Block 0
+is a null block, never handed out: padding and unused block-table entries point at it.
 """
 
 from __future__ import annotations
@@ -90,8 +92,9 @@ class BlockPool:
     def allocate(self, n: int, after: int = 0, reserved_until: int = 0, ahead: int = 0) -> Placement:
         """n blocks for a request whose last block is `after` (0: it has none) and whose reservation runs to
         `reserved_until`; `ahead`: how many more blocks to reserve if a new run starts. In this order: the
-        blocks right after `after`; a new run of plain unreserved blocks (with `ahead` more after it, else
-        without); the lowest plain blocks, unreserved then reserved; cached blocks, least recently freed first."""
+        plain blocks right after `after` (reserved for it or for none); a new run of plain unreserved blocks
+        (with `ahead` more after it, else without); the lowest plain blocks, unreserved then reserved; cached
+        blocks, least recently freed first, handed out in ascending order."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
         ids: list[int] = []
@@ -110,17 +113,26 @@ class BlockPool:
         if start < 0:
             start = first_run(avail, need)
         if start >= 0:
-            end = start + need
-            while end < start + need + ahead and end <= self.num_blocks and avail[end]:
-                end += 1
-            self.reserved[start + need:end] = True
-            return Placement(out + self._take(range(start, start + need)), end)
+            out += self._take(range(start, start + need))
+            return Placement(out, self._reserve(start + need, ahead))
         ids = np.flatnonzero(avail)[:need].tolist()   # fragmented: single blocks, lowest first
         if len(ids) < need:                            # a reservation yields to a real need
             ids += np.flatnonzero(self.plain & self.reserved)[: need - len(ids)].tolist()
         out += self._take(ids)
-        evicted = sorted(self.free_cached.popitem(last=False)[0] for _ in range(n - len(out)))
-        return Placement(out + self._take(evicted), 0)
+        if len(out) == n:
+            return Placement(out, 0)
+        lru = iter(self.free_cached)
+        evicted = sorted(next(lru) for _ in range(n - len(out)))
+        out += self._take(evicted)
+        return Placement(out, self._reserve(evicted[-1] + 1, ahead))
+
+    def _reserve(self, start: int, ahead: int) -> int:
+        """Softly reserve up to `ahead` plain, unreserved blocks from `start` on; the end of the reservation."""
+        end = start
+        while end < start + ahead and end <= self.num_blocks and self.plain[end] and not self.reserved[end]:
+            self.reserved[end] = True
+            end += 1
+        return end
 
     def _take(self, ids: Iterable[int]) -> list[KVCacheBlock]:
         out = []
@@ -129,6 +141,8 @@ class BlockPool:
             if self.plain[i]:
                 self.plain[i] = False
                 self.num_plain -= 1
+            else:
+                del self.free_cached[i]
             self.reserved[i] = False
             self._evict(block)
             block.ref_cnt = 1
@@ -136,6 +150,12 @@ class BlockPool:
             if i > self.high_water:
                 self.high_water = i
         return out
+
+    def reserve(self, block_ids: list[int]) -> None:
+        """Softly reserve plain blocks for the request whose run they continue."""
+        for i in block_ids:
+            if self.plain[i]:
+                self.reserved[i] = True
 
     def release(self, start: int, end: int) -> None:
         """Give up a soft reservation of blocks start..end-1."""

@@ -101,6 +101,10 @@ class KVCacheManager:
         if blocks is None or len(blocks) <= keep:
             return None
         self.pool.free_blocks(reversed(blocks[keep:]))
+        # the trimmed blocks that continued the run stay the request's: its next tokens will want them again
+        if keep:
+            last, run_end = blocks[keep - 1].block_id, self.reserved_until.get(request.request_id, 0)
+            self.pool.reserve([b.block_id for b in blocks[keep:] if last < b.block_id < run_end])
         del blocks[keep:]
         return keep
 
