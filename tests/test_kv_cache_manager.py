@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from tokenmill.core.block_hash import hash_block_tokens
@@ -216,3 +218,31 @@ def test_blocks_trimmed_off_a_run_are_taken_back_in_place():
     assert kv.get_block_ids("other") == [7]
     kv.allocate_slots(a, 1, num_lookahead_tokens=7)
     assert kv.get_block_ids("a") == [1, 2, 3, 4]
+
+
+def test_runs_stay_whole_once_every_free_block_is_cached():
+    """A long-running engine with prefix caching: after the first rounds every free block holds a hash, and new
+    runs are made by evicting the least recently freed blocks. Requests prefilled a few a step and decoding in
+    lockstep still get one run each, round after round."""
+    kv = KVCacheManager(num_blocks=600, block_size=16)
+    rng = random.Random(0)
+    for rnd in range(6):
+        reqs = [Request(f"{rnd}-{i}", [rng.randrange(1000) for _ in range(64)], SamplingParams(), max_tokens=64,
+                        block_size=16) for i in range(24)]
+        running, pending, adjacency = [], list(reqs), []
+        while pending or running:
+            for r in running:
+                grow(kv, r)
+            for r in pending[:2]:
+                assert kv.allocate_slots(r, 64) is not None
+                r.num_computed_tokens = 64
+                r.append_output_token_ids(7)
+                running.append(r)
+            pending = pending[2:]
+            for r in [r for r in running if r.num_output_tokens >= 64]:
+                ids = kv.get_block_ids(r.request_id)
+                adjacency.append(all(b == a + 1 for a, b in zip(ids, ids[1:])))
+                kv.free(r)
+                running.remove(r)
+        assert all(adjacency), (rnd, adjacency.count(False))
+    assert kv.pool.num_plain < 600 // 4, "most free blocks still hold their hash"

@@ -12,8 +12,13 @@ request's last block where the next one is free, and a new run is placed where `
 those are softly reserved for the request's growth. A soft reservation only orders the choice: any allocation
 that finds no other plain block takes reserved ones before it evicts a cached block. Cached blocks are evicted
 in LRU order only (a request's blocks are freed tail first, so its prefix is the last to go): the blocks of one
-eviction are handed out in ascending order, and a run placed on them reserves only plain blocks past it. Block 0
-is a null block, never handed out: padding and unused block-table entries point at it.
+eviction are handed out in ascending order. Where no plain blocks make room for a new run and its reservation
+and the free cached blocks are many (PRE_EVICT_SHARE times that), the run evicts that many least recently freed
+blocks at once (an earlier request's run, freed together) and is placed on them: blocks evicted a little before
+the cache would have had to, from its least recently used end, and plain leftovers that later runs fill. Without
+it a long-running engine's runs fell apart again (W1's allocations repeated on a 5,825-block cache: 0.78, 0.62,
+0.55, 0.42 ... 0.24 of neighbouring blocks consecutive; with it 1.00). Block 0 is a null block, never handed out:
+padding and unused block-table entries point at it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenmill.core.block_hash import BlockHash
+
+# a new run evicts cached blocks ahead of need only while the free cached blocks are this many times what it
+# takes, so that a small cache keeps strict LRU eviction
+PRE_EVICT_SHARE = 8
 
 
 @dataclass(eq=False)
@@ -110,6 +119,13 @@ class BlockPool:
         self.release(nxt, reserved_until)
         avail = self.plain & ~self.reserved
         start = first_run(avail, need + ahead)
+        if start < 0 and len(self.free_cached) >= PRE_EVICT_SHARE * (need + ahead):
+            # plain blocks are few or scattered and the cache will evict soon: evict the least recently freed
+            # blocks for this run now, all at once (an earlier request's run, freed together), not one a step
+            for _ in range(need + ahead):
+                self._uncache(self.free_cached.popitem(last=False)[1])
+            avail = self.plain & ~self.reserved
+            start = first_run(avail, need + ahead)
         if start < 0:
             start = first_run(avail, need)
         if start >= 0:
@@ -133,6 +149,12 @@ class BlockPool:
             self.reserved[end] = True
             end += 1
         return end
+
+    def _uncache(self, block: KVCacheBlock) -> None:
+        """A free cached block becomes plain: its hash is dropped."""
+        self._evict(block)
+        self.plain[block.block_id] = True
+        self.num_plain += 1
 
     def _take(self, ids: Iterable[int]) -> list[KVCacheBlock]:
         out = []
