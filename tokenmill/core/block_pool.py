@@ -153,7 +153,10 @@ class BlockPool:
     def _uncache(self, block: KVCacheBlock) -> None:
         """A free cached block becomes plain: its hash is dropped."""
         self._evict(block)
-        self.plain[block.block_id] = True
+        self._make_plain(block.block_id)
+
+    def _make_plain(self, block_id: int) -> None:
+        self.plain[block_id] = True
         self.num_plain += 1
 
     def _take(self, ids: Iterable[int]) -> list[KVCacheBlock]:
@@ -208,8 +211,7 @@ class BlockPool:
                 raise RuntimeError(f"block {block.block_id} freed more often than it was taken")
             if block.ref_cnt == 0:
                 if block.block_hash is None:
-                    self.plain[block.block_id] = True
-                    self.num_plain += 1
+                    self._make_plain(block.block_id)
                 else:
                     self.free_cached[block.block_id] = block
 
@@ -230,9 +232,8 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
-        for block_id in self.free_cached:
-            self.plain[block_id] = True
-        self.num_plain += len(self.free_cached)
+        self.plain[1:] = True   # every block is free
+        self.num_plain = self.num_blocks
         self.free_cached.clear()
         self.reserved[:] = False
         return True
