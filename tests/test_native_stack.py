@@ -159,6 +159,43 @@ def test_shared_prefix_steps_match_too(tiny_model_dir, stack_calls, monkeypatch)
     assert sum(stack_calls) >= 7, stack_calls  # ... and ran natively
 
 
+def test_prompt_steps_finish_only_the_sampled_rows(tiny_model_dir, monkeypatch):
+    """A prompt step samples at each request's last token only: the stack's last layer runs its o-proj and MLP
+    for those rows alone and returns just them, bit for bit what the Python layers give those rows; a step
+    where prompt logprobs read every row keeps them all."""
+    if kernels.prefill_attention_op() is None:
+        pytest.skip("prompts run on the native prompt kernel")
+    steps = []   # (tokens, md.output_rows, rows returned) of each native step
+    original = NativeDecoderStack.forward
+
+    def recording(self, input_ids, positions, md):
+        out = original(self, input_ids, positions, md)
+        rows = None if md.output_rows is None else md.output_rows.tolist()
+        steps.append((len(input_ids), rows, None if out is None else out.shape[0]))
+        return out
+
+    monkeypatch.setattr(NativeDecoderStack, "forward", recording)
+    llm = LLM(str(tiny_model_dir("llama_d64")), dtype="bfloat16", kv_cache_memory="32MiB",
+              enable_prefix_caching=False)
+    steps.clear()   # (the warm-up's)
+    (eager_tokens, eager_logprobs), (stack_tokens, stack_logprobs) = _off_then_on(llm)
+    assert stack_tokens == eager_tokens
+    assert stack_logprobs == eager_logprobs
+    lengths = [len(p["prompt_token_ids"]) for p in PROMPTS]
+    ends = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+    assert steps[0] == (sum(lengths), ends, len(PROMPTS)), steps[0]
+    assert all(rows is None and out == n for n, rows, out in steps[1:])   # decode steps: every row samples
+
+    sp = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    model, runs = _model(llm), []
+    for stack in (None, NativeDecoderStack(model)):
+        model.native_stack = stack
+        steps.clear()
+        runs.append([o.prompt_logprobs for o in llm.generate(PROMPTS, sp, use_tqdm=False)])
+    assert runs[1] == runs[0]
+    assert steps[0] == (sum(lengths), None, sum(lengths)), steps[0]
+
+
 @pytest.mark.parametrize("family,kwargs", [("qwen3", {}), ("mistral_window", {}), ("llama", {"dtype": "float32"})])
 def test_models_it_cannot_take_run_the_python_layers(tiny_model_dir, stack_calls, family, kwargs):
     """q/k norms, sliding windows, fp32 (the torch kernels): the stack declines once and is not asked again."""

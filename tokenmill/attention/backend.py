@@ -24,6 +24,9 @@ class AttentionMetadata:
     max_seq_len: int
     # What a backend derives once per step and every layer reuses (keyed by backend name).
     backend_plan: dict = field(default_factory=dict)
+    # The tokens whose final hidden states the step uses (int64, ascending), or None for all. A model may then
+    # return only these rows (the native decoder stack's last layer runs its o-proj and MLP for them alone).
+    output_rows: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:

@@ -151,7 +151,20 @@ class ModelRunner:
                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
         if get_pp().size > 1:
             inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
+        elif self._only_logits_rows_used(states):
+            rows = logits_indices if len(logits_indices) else np.array([len(input_ids) - 1])
+            if len(rows) < len(input_ids):
+                md.output_rows = torch.from_numpy(rows)
         return inp
+
+    def _only_logits_rows_used(self, states: list[CachedRequestState]) -> bool:
+        """Whether this step reads final hidden states at its sampling rows only: not where prompt logprobs,
+        pooling or a proposer that observes the hidden states (EAGLE) read other rows, nor across ranks."""
+        if get_tp().size > 1 or (self.proposer is not None and self.proposer.observes):
+            return False
+        return not any(s.sampling_params.pooling is not None or
+                       (s.sampling_params.prompt_logprobs is not None and not s.prompt_logprobs_sent)
+                       for s in states)
 
     def _micro_batches(self, states, start: np.ndarray, n: np.ndarray, qsl: np.ndarray,
                        md: AttentionMetadata) -> list[tuple[int, int, AttentionMetadata]]:
@@ -198,6 +211,9 @@ class ModelRunner:
                 self.lora_manager.end_step()
             if hidden is None:
                 return None
+        out_rows = inp.attn_metadata.output_rows
+        if out_rows is not None and hidden.shape[0] == len(out_rows) < len(inp.input_ids):
+            inp.logits_indices = np.arange(len(inp.logits_indices))   # hidden holds the sampling rows alone
         if not get_tp().is_first:
             self._follow_logits(inp, hidden)
             return None

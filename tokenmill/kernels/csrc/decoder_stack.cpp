@@ -214,12 +214,19 @@ struct DecoderStack : torch::CustomClassHolder {
   // prefix_blocks > 0: the rows share that many leading blocks (prefix_first_block, the first of them when they
   // are consecutive, else -1 and their ids in prefix_block_ids), attended by cascade() for the tokens in
   // token_index (all_tokens: every token of the step, in order). rows: none when the step is only prompt chunks,
-  // which prompt_spans gives (see prompts()).
+  // which prompt_spans gives (see prompts()). out_rows: the step's tokens whose hidden states are used (int64,
+  // ascending), or none for all: the last layer attends for every token (its K/V are in the cache already) but
+  // runs its o-proj and MLP, and the final norm, for these rows alone, which are all it returns. In a prompt
+  // step only the last token samples, and those two are ~85% of the layer's matmuls (llama.cpp skips them too).
   at::Tensor forward(at::Tensor x, at::Tensor positions, at::Tensor slot_mapping, at::Tensor block_table,
                      at::Tensor seq_lens, at::Tensor query_start_loc, c10::optional<at::Tensor> rows, bool decode_amx,
                      int64_t prefix_blocks, int64_t prefix_first_block, c10::optional<at::Tensor> prefix_block_ids,
-                     c10::optional<at::Tensor> token_index, bool all_tokens, c10::optional<at::Tensor> prompt_spans) {
+                     c10::optional<at::Tensor> token_index, bool all_tokens, c10::optional<at::Tensor> prompt_spans,
+                     c10::optional<at::Tensor> out_rows) {
     TORCH_CHECK(!layers.empty() && layers.back().linears.size() == 4, "decoder stack: incomplete");
+    TORCH_CHECK(!out_rows.has_value() || (out_rows->scalar_type() == at::kLong && out_rows->dim() == 1 &&
+                                          out_rows->size(0) > 0),
+                "decoder stack: out_rows must be a non-empty 1-d int64 tensor");
     TORCH_CHECK(prefix_blocks == 0 || (rows.has_value() && token_index.has_value() &&
                                        (prefix_first_block >= 0 || prefix_block_ids.has_value())),
                 "decoder stack: a shared prefix needs its rows, token index and blocks");
@@ -250,7 +257,12 @@ struct DecoderStack : torch::CustomClassHolder {
                                           0, decode_amx);
       }
       if (prompt_spans.has_value()) prompts(layer, attn, q, qkv, *prompt_spans, blocks);
-      x = layer.linears[1](attn.view({tokens, hq * head_dim}));
+      at::Tensor heads = attn.view({tokens, hq * head_dim});
+      if (out_rows.has_value() && i + 1 == layers.size() && out_rows->size(0) < tokens) {
+        heads = heads.index_select(0, *out_rows);
+        residual = residual.index_select(0, *out_rows);
+      }
+      x = layer.linears[1](heads);
       tokenmill_native::add_rms_norm(x, residual, layer.post_norm, eps);
       x = mlp(layer, x);
     }
