@@ -133,6 +133,26 @@ def test_split_decode_gives_a_token_the_same_bits_in_any_step(backend, kv_dtype)
     torch.testing.assert_close(together.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("kv_dtype, scales", [(torch.float8_e4m3fn, (0.5, 2.0)), (torch.int8, (0.05, 0.05))])
+@pytest.mark.parametrize("hkv", [2, 3, 4])
+def test_many_decodes_over_a_one_byte_cache_give_each_token_its_bits_alone(kv_dtype, scales, hkv):
+    """Twenty decodes over an fp8 or int8 cache run a token (all its KV heads) to a task; a token alone runs a
+    head to a task: the same bits either way, and the reference's answer."""
+    ctx = [5 + 23 * i for i in range(20)]          # up to 442 tokens: none split into parts
+    q, k, v, cache, md = _case([1] * 20, ctx, 16, 3 * hkv, hkv, 64, torch.bfloat16, seed=5)
+    cache = cache.to(kv_dtype)
+    cpu = get_backend("cpu", "cpu")
+    together = cpu.forward(q, k, v, cache, md, 0.125, *scales)
+    for i, c in enumerate(ctx):
+        qsl = np.array([0, 1], dtype=np.int64)
+        alone = AttentionMetadata(md.slot_mapping[i:i + 1], md.block_table[i:i + 1], torch.from_numpy(qsl),
+                                  torch.tensor([c + 1]), qsl, np.array([c + 1]), 1, c + 1)
+        out = cpu.forward(q[i:i + 1], k[i:i + 1], v[i:i + 1], cache, alone, 0.125, *scales)
+        assert torch.equal(out[0], together[i]), i
+    ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125, *scales)
+    torch.testing.assert_close(together.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_reference_reads_what_was_written():
     """torch_ref on a one-token context returns exactly v: the write and the gather address the same slot."""
     q, k, v, cache, md = _case([1], [0], 16, 4, 2, 8, torch.float32)

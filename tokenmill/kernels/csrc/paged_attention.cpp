@@ -340,6 +340,165 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
   }
 }
 
+// decode_d64 for KV heads kv_head .. kv_head + H - 1 in one pass over the blocks, for heads_together (see
+// paged_attention): each head's state lives in L1 between its turns and its arithmetic is decode_d64's
+// (not AMX's), so a token gets the same bits either way. No parts (flash-decoding splits stay per head).
+template <typename T, typename KT, int R, int H>
+void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
+                float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
+                bool amx = false) {
+  constexpr int64_t d = 64, block = 16;
+  alignas(64) float s[R * block];
+#if defined(__AVX512BF16__)
+  // a bf16 model over an fp8 cache: each block's rows become bf16 in L1 first (Fp8ToBf16 says why)
+  constexpr bool kFp8Bf16 = std::is_same_v<T, at::BFloat16> &&
+                            (std::is_same_v<KT, at::Float8_e4m3fn> || std::is_same_v<KT, at::Float8_e5m2>);
+  static const Fp8ToBf16<std::conditional_t<kFp8Bf16, KT, at::Float8_e4m3fn>> fp8;
+  alignas(64) at::BFloat16 kbuf[kFp8Bf16 ? block * d : 1], vbuf[kFp8Bf16 ? block * d : 1];
+#endif
+  alignas(64) float qf[H][R * d];
+#if defined(TOKENMILL_DECODE_AMX)
+  alignas(64) uint32_t qt[2 * 256];
+  alignas(64) float c[256];
+  if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16> && H == 1) {
+    if (amx) load_q_tiles<R>(q, kv_head, qt);
+  }
+#endif
+  __m512 acc[H][R][4], l[H][R];
+  float m[H][R];
+  for (int hh = 0; hh < H; ++hh)
+    for (int r = 0; r < R; ++r) {
+      for (int64_t x = 0; x < d; ++x) qf[hh][r * d + x] = to_float(q[((kv_head + hh) * R + r) * d + x]) * scale;
+      for (int k = 0; k < 4; ++k) acc[hh][r][k] = _mm512_setzero_ps();
+      m[hh][r] = -std::numeric_limits<float>::infinity();
+      l[hh][r] = _mm512_setzero_ps();
+    }
+  const int64_t num_blocks = end_block >= 0 ? std::min(end_block, (seq_len + block - 1) / block)
+                                            : (seq_len + block - 1) / block;
+  const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
+  for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
+    const int64_t n = std::min(block, seq_len - b * block);
+    for (int hh = 0; hh < H; ++hh) {
+    const int64_t head = kv_head + hh;
+    if (b + 1 < num_blocks) {  // this head's rows of the next block, as decode_d64 asks for them
+      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * d;
+      for (int64_t j = 0; j < block; ++j) {
+        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
+        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
+        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(KT)); line += 64) {
+          _mm_prefetch(kp + line, _MM_HINT_T0);
+          _mm_prefetch(vp + line, _MM_HINT_T0);
+        }
+      }
+    }
+    __m512 la[R][4], ll[R];   // this head's state in registers for the block (as arrays indexed by hh it stayed in memory)
+    float lm[R];
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) la[r][k] = acc[hh][r][k];
+      ll[r] = l[hh][r];
+      lm[r] = m[hh][r];
+    }
+    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * d;
+    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * d;
+    __m512 sv[R];
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
+#if defined(TOKENMILL_DECODE_AMX)
+      if (H == 1 && amx)
+        score_decode_block_amx<R>(kb, sv, kv_token_stride, scale, c);
+      else
+#endif
+        score_decode_block<R>(kb, q, sv, head, kv_token_stride, scale);
+    } else if constexpr (kFp8Bf16) {
+      fp8.rows(kb, kv_token_stride, block, kbuf);  // rows past n too (the block holds them): their lanes are masked
+      score_decode_block<R>(kbuf, q, sv, head, d, scale);
+    } else
+#endif
+    {  // each row's products stay a vector of partial sums, 16 rows summed at once by the shuffle tree (a
+       // horizontal sum per row and head was a third of this loop: fp8 cache, 30 layers of 128 x 320 tokens: 125 -> 116 ms)
+      __m512 quad[4][R];
+      for (int g = 0; g < 4; ++g) {  // rows past n are read too (the block holds them) and masked below
+        __m512 v[4][R];
+        for (int j = 0; j < 4; ++j) {
+          const KT* kr = kb + (4 * g + j) * kv_token_stride;
+          const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
+          for (int r = 0; r < R; ++r) {
+            const float* qr = qf[hh] + r * d;
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
+            v[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
+          }
+        }
+        for (int r = 0; r < R; ++r) quad[g][r] = sum_rows4(v[0][r], v[1][r], v[2][r], v[3][r]);
+      }
+      for (int r = 0; r < R; ++r)
+        sv[r] = sum_chunks(sum_chunks(quad[0][r], quad[1][r]), sum_chunks(quad[2][r], quad[3][r]));
+    }
+    const int64_t skip = std::max<int64_t>(0, first_key - b * block);  // keys before the window, in its first block
+    const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << skip) - 1u));
+    for (int r = 0; r < R; ++r) {
+      const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
+      if (block_max > lm[r]) {  // rescale only when the running maximum moves (rare after the first blocks)
+        const __m512 c = _mm512_set1_ps(fast_exp(lm[r] - block_max));
+        for (int k = 0; k < 4; ++k) la[r][k] = _mm512_mul_ps(la[r][k], c);
+        ll[r] = _mm512_mul_ps(ll[r], c);
+        lm[r] = block_max;
+      }
+      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv[r], _mm512_set1_ps(lm[r]))));
+      ll[r] = _mm512_add_ps(ll[r], pv);  // the row sum stays a vector; one reduction at the end
+      _mm512_store_ps(s + r * block, pv);
+    }
+    const auto accumulate_v = [&](const auto* v, int64_t stride) {
+      for (int64_t j = 0; j < n; ++j) {
+        const auto* vr = v + j * stride;
+        const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
+        for (int r = 0; r < R; ++r) {
+          const __m512 p = _mm512_set1_ps(s[r * block + j]);
+          la[r][0] = _mm512_fmadd_ps(p, v0, la[r][0]);
+          la[r][1] = _mm512_fmadd_ps(p, v1, la[r][1]);
+          la[r][2] = _mm512_fmadd_ps(p, v2, la[r][2]);
+          la[r][3] = _mm512_fmadd_ps(p, v3, la[r][3]);
+        }
+      }
+    };
+#if defined(__AVX512BF16__)
+    if constexpr (kFp8Bf16) {
+      fp8.rows(vb, kv_token_stride, n, vbuf);
+      accumulate_v(vbuf, d);
+    } else
+#endif
+      accumulate_v(vb, kv_token_stride);
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) acc[hh][r][k] = la[r][k];
+      l[hh][r] = ll[r];
+      m[hh][r] = lm[r];
+    }
+    }
+  }
+  for (int hh = 0; hh < H; ++hh) {
+    const int64_t head = kv_head + hh;
+    if (part) {
+      for (int r = 0; r < R; ++r) {
+        for (int k = 0; k < 4; ++k) _mm512_storeu_ps(part + r * d + 16 * k, acc[hh][r][k]);
+        part[R * d + r] = m[hh][r];
+        part[R * d + R + r] = _mm512_reduce_add_ps(l[hh][r]);
+      }
+      continue;
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(64) float o[d];
+      const float sum = _mm512_reduce_add_ps(l[hh][r]);
+      const __m512 inv = _mm512_set1_ps(v_scale / sum);
+      for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[hh][r][k], inv));
+      T* dst = out + (head * R + r) * d;
+      for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
+      if (lse) lse[head * R + r] = m[hh][r] + std::log(sum);
+    }
+  }
+}
+
 #endif
 
 constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of attention/cpu.py
@@ -348,6 +507,8 @@ constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of atte
 // a long context is three tasks (its KV heads) on two cores, read at a third of the memory's speed. The split
 // depends only on the token's own sequence length, so a token gets the same bits whatever batch it is in.
 constexpr int64_t kSplitBlocks = 32;
+constexpr int64_t kHeadsTogetherMax = 4;          // KV heads one task can take (their state stays in L1)
+constexpr int64_t kHeadsTogetherMinTokens = 16;   // decoded tokens in the call, so both cores stay busy
 constexpr int64_t kSplitTokens = kSplitBlocks * 16;
 
 // Merge the parts of one query head: out = sum(acc_p * e^(m_p - M)) / sum(l_p * e^(m_p - M)) * v_scale.
@@ -419,15 +580,31 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   // the decode path with a long sequence. first_task[r] = the row's first task; its parts of one head are
   // consecutive. part_off[r] = where its tokens' partial results start in `parts` (group * (64 + 2) floats for
   // every task and token).
+  // Over a one-byte cache (fp8, int8) with many tokens and none split, a task is a token with all its KV heads
+  // (heads_together): each block's heads are then read one after another, not one head's slice of every block
+  // per task: a W1 step (128 x 320 tokens) 17.8-18.5 against 19.3-20.3 ms with the blocks in order, 20.6-21.8
+  // against 33.9-34.4 scattered (fp8 e4m3; int8 -17% and -47%). Over a bf16 cache it was slower (46.7 against
+  // 37.3 ms), so that stays per head (docs/benchmarks/2026-12-04-last-layer). A head's arithmetic is the same
+  // either way (never on AMX, whose scores take another form), so a token gets the same bits in any batch.
   std::vector<int64_t> first_task(num_rows + 1, 0), num_parts(num_rows, 1), part_off(num_rows + 1, 0);
   std::vector<bool> per_token(num_rows, false);
   bool any_split = false;
+  bool all_per_token = true;
+  int64_t decode_tokens = 0;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
     per_token[r] = decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen;
     if (per_token[r] && sl_p[i] > kSplitTokens) num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
     any_split |= num_parts[r] > 1;
-    first_task[r + 1] = first_task[r] + hkv * num_parts[r] * (per_token[r] ? q_len : 1);
+    all_per_token &= per_token[r] || q_len == 0;
+    decode_tokens += q_len;
+  }
+  const bool heads_together = k_cache.element_size() == 1 && !use_amx && !any_split && all_per_token && hkv >= 2 &&
+                              hkv <= kHeadsTogetherMax && decode_tokens >= kHeadsTogetherMinTokens;
+  const int64_t head_tasks = heads_together ? 1 : hkv;   // tasks per token (or per row off the decode path)
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
+    first_task[r + 1] = first_task[r] + head_tasks * num_parts[r] * (per_token[r] ? q_len : 1);
     part_off[r + 1] = part_off[r] + (num_parts[r] > 1 ? hkv * num_parts[r] * q_len * group * (d + 2) : 0);
   }
   const int64_t tasks = first_task[num_rows], part_stride = group * (d + 2);
@@ -449,7 +626,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
         for (int64_t task = begin; task < end; ++task) {
           while (task >= first_task[r + 1]) ++r;
           const int64_t i = rw_p[r], np = num_parts[r], idx = task - first_task[r];
-          const int64_t h = idx % (hkv * np) / np, part = idx % np;
+          const int64_t h = idx % (head_tasks * np) / np, part = idx % np;
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           if (q_len == 0) continue;
 #if defined(__AVX512F__)
@@ -463,12 +640,17 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                                   int64_t, float, int64_t, float*, float, int64_t, int64_t, float*, bool);
               const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
                                  &decode_d64<T, KT, 4>};
-              const int64_t t = idx / (hkv * np), len = sl_p[i] - q_len + t + 1;
+              const Fn together[3][4] = {  // [KV heads - 2][query heads per KV head - 1]
+                  {&decode_d64_heads<T, KT, 1, 2>, &decode_d64_heads<T, KT, 2, 2>, &decode_d64_heads<T, KT, 3, 2>, &decode_d64_heads<T, KT, 4, 2>},
+                  {&decode_d64_heads<T, KT, 1, 3>, &decode_d64_heads<T, KT, 2, 3>, &decode_d64_heads<T, KT, 3, 3>, &decode_d64_heads<T, KT, 4, 3>},
+                  {&decode_d64_heads<T, KT, 1, 4>, &decode_d64_heads<T, KT, 2, 4>, &decode_d64_heads<T, KT, 3, 4>, &decode_d64_heads<T, KT, 4, 4>}};
+              const Fn fn = heads_together ? together[hkv - 2][group - 1] : fns[group - 1];
+              const int64_t t = idx / (head_tasks * np), len = sl_p[i] - q_len + t + 1;
               const bool split = len > kSplitTokens;  // this token's own choice (np > 1 then)
               if (split ? part * kSplitTokens >= len : part > 0) continue;
               float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
                                  : nullptr;
-              fns[group - 1](q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
+              fn(q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
                              len, h, k_cache.stride(1), k_cache.stride(0), qk_scale,
                              split ? std::max(start_block, part * kSplitBlocks) : start_block,
                              lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window,
