@@ -197,6 +197,71 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 #if defined(__AVX512F__)
 using namespace tokenmill_decode;  // decode_blocks.h: load16, score_decode_block, Fp8ToBf16
 
+// The parts of a block's work that decode_d64 and decode_d64_heads share, inlined into each (as called
+// functions the state left registers).
+// Scores of a block's 16 key rows against R query rows held in fp32: each row's products stay a vector of partial
+// sums, 16 rows summed at once by the shuffle tree (a horizontal sum per row and head was a third of this loop:
+// fp8 cache, 30 layers of 128 x 320 tokens: 125 -> 116 ms). Rows past the sequence are read too (the block holds
+// them) and masked by the caller.
+template <int R, typename KT>
+[[gnu::always_inline]] inline void score_rows_fp32(const KT* kb, int64_t stride, const float* qf, __m512* sv) {
+  constexpr int64_t d = 64;
+  __m512 quad[4][R];
+  for (int g = 0; g < 4; ++g) {
+    __m512 v[4][R];
+    for (int j = 0; j < 4; ++j) {
+      const KT* kr = kb + (4 * g + j) * stride;
+      const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
+      for (int r = 0; r < R; ++r) {
+        const float* qr = qf + r * d;
+        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
+        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
+        p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
+        v[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
+      }
+    }
+    for (int r = 0; r < R; ++r) quad[g][r] = sum_rows4(v[0][r], v[1][r], v[2][r], v[3][r]);
+  }
+  for (int r = 0; r < R; ++r)
+    sv[r] = sum_chunks(sum_chunks(quad[0][r], quad[1][r]), sum_chunks(quad[2][r], quad[3][r]));
+}
+
+// The block's softmax step for R query rows: the running maxima m, vector sums l and accumulators acc rescaled
+// when a maximum moves (rare after the first blocks), the block's probabilities into s ([R][16]).
+template <int R>
+[[gnu::always_inline]] inline void softmax_block(const __m512* sv, __mmask16 valid, float* m, __m512* l,
+                                                 __m512 (*acc)[4], float* s) {
+  for (int r = 0; r < R; ++r) {
+    const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
+    if (block_max > m[r]) {
+      const __m512 c = _mm512_set1_ps(fast_exp(m[r] - block_max));
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(acc[r][k], c);
+      l[r] = _mm512_mul_ps(l[r], c);
+      m[r] = block_max;
+    }
+    const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv[r], _mm512_set1_ps(m[r]))));
+    l[r] = _mm512_add_ps(l[r], pv);  // the row sum stays a vector; one reduction at the end
+    _mm512_store_ps(s + r * 16, pv);
+  }
+}
+
+// acc[r] += sum over the block's first n value rows of s[r][j] * v[j].
+template <int R, typename VT>
+[[gnu::always_inline]] inline void accumulate_rows(const VT* v, int64_t stride, int64_t n, const float* s,
+                                                   __m512 (*acc)[4]) {
+  for (int64_t j = 0; j < n; ++j) {
+    const VT* vr = v + j * stride;
+    const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(s[r * 16 + j]);
+      acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+    }
+  }
+}
+
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
 // With `part` given, only blocks [start_block, end_block) are walked and the unnormalised state goes there
@@ -264,54 +329,11 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
       score_decode_block<R>(kbuf, q, sv, kv_head, d, scale);
     } else
 #endif
-    {  // each row's products stay a vector of partial sums, 16 rows summed at once by the shuffle tree (a
-       // horizontal sum per row and head was a third of this loop: fp8 cache, 30 layers of 128 x 320 tokens: 125 -> 116 ms)
-      __m512 quad[4][R];
-      for (int g = 0; g < 4; ++g) {  // rows past n are read too (the block holds them) and masked below
-        __m512 v[4][R];
-        for (int j = 0; j < 4; ++j) {
-          const KT* kr = kb + (4 * g + j) * kv_token_stride;
-          const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
-          for (int r = 0; r < R; ++r) {
-            const float* qr = qf + r * d;
-            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
-            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
-            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
-            v[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
-          }
-        }
-        for (int r = 0; r < R; ++r) quad[g][r] = sum_rows4(v[0][r], v[1][r], v[2][r], v[3][r]);
-      }
-      for (int r = 0; r < R; ++r)
-        sv[r] = sum_chunks(sum_chunks(quad[0][r], quad[1][r]), sum_chunks(quad[2][r], quad[3][r]));
-    }
+    score_rows_fp32<R>(kb, kv_token_stride, qf, sv);
     const int64_t skip = std::max<int64_t>(0, first_key - b * block);  // keys before the window, in its first block
     const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << skip) - 1u));
-    for (int r = 0; r < R; ++r) {
-      const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
-      if (block_max > m[r]) {  // rescale only when the running maximum moves (rare after the first blocks)
-        const __m512 c = _mm512_set1_ps(fast_exp(m[r] - block_max));
-        for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(acc[r][k], c);
-        l[r] = _mm512_mul_ps(l[r], c);
-        m[r] = block_max;
-      }
-      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv[r], _mm512_set1_ps(m[r]))));
-      l[r] = _mm512_add_ps(l[r], pv);  // the row sum stays a vector; one reduction at the end
-      _mm512_store_ps(s + r * block, pv);
-    }
-    const auto accumulate_v = [&](const auto* v, int64_t stride) {
-      for (int64_t j = 0; j < n; ++j) {
-        const auto* vr = v + j * stride;
-        const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
-        for (int r = 0; r < R; ++r) {
-          const __m512 p = _mm512_set1_ps(s[r * block + j]);
-          acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
-          acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
-          acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
-          acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
-        }
-      }
-    };
+    softmax_block<R>(sv, valid, m, l, acc, s);
+    const auto accumulate_v = [&](const auto* v, int64_t stride) { accumulate_rows<R>(v, stride, n, s, acc); };
 #if defined(__AVX512BF16__)
     if constexpr (kFp8Bf16) {
       fp8.rows(vb, kv_token_stride, n, vbuf);
@@ -358,13 +380,7 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
   alignas(64) at::BFloat16 kbuf[kFp8Bf16 ? block * d : 1], vbuf[kFp8Bf16 ? block * d : 1];
 #endif
   alignas(64) float qf[H][R * d];
-#if defined(TOKENMILL_DECODE_AMX)
-  alignas(64) uint32_t qt[2 * 256];
-  alignas(64) float c[256];
-  if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16> && H == 1) {
-    if (amx) load_q_tiles<R>(q, kv_head, qt);
-  }
-#endif
+  (void)amx; (void)end_block; (void)part;   // per head only: AMX scores, flash-decoding parts
   __m512 acc[H][R][4], l[H][R];
   float m[H][R];
   for (int hh = 0; hh < H; ++hh)
@@ -374,8 +390,7 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
       m[hh][r] = -std::numeric_limits<float>::infinity();
       l[hh][r] = _mm512_setzero_ps();
     }
-  const int64_t num_blocks = end_block >= 0 ? std::min(end_block, (seq_len + block - 1) / block)
-                                            : (seq_len + block - 1) / block;
+  const int64_t num_blocks = (seq_len + block - 1) / block;
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
   for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
@@ -404,65 +419,17 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
     __m512 sv[R];
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
-#if defined(TOKENMILL_DECODE_AMX)
-      if (H == 1 && amx)
-        score_decode_block_amx<R>(kb, sv, kv_token_stride, scale, c);
-      else
-#endif
-        score_decode_block<R>(kb, q, sv, head, kv_token_stride, scale);
+      score_decode_block<R>(kb, q, sv, head, kv_token_stride, scale);
     } else if constexpr (kFp8Bf16) {
       fp8.rows(kb, kv_token_stride, block, kbuf);  // rows past n too (the block holds them): their lanes are masked
       score_decode_block<R>(kbuf, q, sv, head, d, scale);
     } else
 #endif
-    {  // each row's products stay a vector of partial sums, 16 rows summed at once by the shuffle tree (a
-       // horizontal sum per row and head was a third of this loop: fp8 cache, 30 layers of 128 x 320 tokens: 125 -> 116 ms)
-      __m512 quad[4][R];
-      for (int g = 0; g < 4; ++g) {  // rows past n are read too (the block holds them) and masked below
-        __m512 v[4][R];
-        for (int j = 0; j < 4; ++j) {
-          const KT* kr = kb + (4 * g + j) * kv_token_stride;
-          const __m512 k0 = load16(kr), k1 = load16(kr + 16), k2 = load16(kr + 32), k3 = load16(kr + 48);
-          for (int r = 0; r < R; ++r) {
-            const float* qr = qf[hh] + r * d;
-            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(qr), k0);
-            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16), k1, p);
-            p = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 32), k2, p);
-            v[j][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 48), k3, p);
-          }
-        }
-        for (int r = 0; r < R; ++r) quad[g][r] = sum_rows4(v[0][r], v[1][r], v[2][r], v[3][r]);
-      }
-      for (int r = 0; r < R; ++r)
-        sv[r] = sum_chunks(sum_chunks(quad[0][r], quad[1][r]), sum_chunks(quad[2][r], quad[3][r]));
-    }
+    score_rows_fp32<R>(kb, kv_token_stride, qf[hh], sv);
     const int64_t skip = std::max<int64_t>(0, first_key - b * block);  // keys before the window, in its first block
     const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << skip) - 1u));
-    for (int r = 0; r < R; ++r) {
-      const float block_max = _mm512_mask_reduce_max_ps(valid, sv[r]);
-      if (block_max > lm[r]) {  // rescale only when the running maximum moves (rare after the first blocks)
-        const __m512 c = _mm512_set1_ps(fast_exp(lm[r] - block_max));
-        for (int k = 0; k < 4; ++k) la[r][k] = _mm512_mul_ps(la[r][k], c);
-        ll[r] = _mm512_mul_ps(ll[r], c);
-        lm[r] = block_max;
-      }
-      const __m512 pv = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sv[r], _mm512_set1_ps(lm[r]))));
-      ll[r] = _mm512_add_ps(ll[r], pv);  // the row sum stays a vector; one reduction at the end
-      _mm512_store_ps(s + r * block, pv);
-    }
-    const auto accumulate_v = [&](const auto* v, int64_t stride) {
-      for (int64_t j = 0; j < n; ++j) {
-        const auto* vr = v + j * stride;
-        const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
-        for (int r = 0; r < R; ++r) {
-          const __m512 p = _mm512_set1_ps(s[r * block + j]);
-          la[r][0] = _mm512_fmadd_ps(p, v0, la[r][0]);
-          la[r][1] = _mm512_fmadd_ps(p, v1, la[r][1]);
-          la[r][2] = _mm512_fmadd_ps(p, v2, la[r][2]);
-          la[r][3] = _mm512_fmadd_ps(p, v3, la[r][3]);
-        }
-      }
-    };
+    softmax_block<R>(sv, valid, lm, ll, la, s);
+    const auto accumulate_v = [&](const auto* v, int64_t stride) { accumulate_rows<R>(v, stride, n, s, la); };
 #if defined(__AVX512BF16__)
     if constexpr (kFp8Bf16) {
       fp8.rows(vb, kv_token_stride, n, vbuf);
@@ -479,14 +446,6 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
   }
   for (int hh = 0; hh < H; ++hh) {
     const int64_t head = kv_head + hh;
-    if (part) {
-      for (int r = 0; r < R; ++r) {
-        for (int k = 0; k < 4; ++k) _mm512_storeu_ps(part + r * d + 16 * k, acc[hh][r][k]);
-        part[R * d + r] = m[hh][r];
-        part[R * d + R + r] = _mm512_reduce_add_ps(l[hh][r]);
-      }
-      continue;
-    }
     for (int r = 0; r < R; ++r) {
       alignas(64) float o[d];
       const float sum = _mm512_reduce_add_ps(l[hh][r]);
