@@ -151,10 +151,10 @@ class ModelRunner:
                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
         if get_pp().size > 1:
             inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
-        elif self._only_logits_rows_used(states):
-            rows = logits_indices if len(logits_indices) else np.array([len(input_ids) - 1])
-            if len(rows) < len(input_ids):
-                md.output_rows = torch.from_numpy(rows)
+        elif len(logits_indices) < len(input_ids) - 1 and self._only_logits_rows_used(states):
+            # (a step where every token samples, as a decode step, has nothing to leave out)
+            md.output_rows = torch.from_numpy(logits_indices if len(logits_indices) else
+                                              np.array([len(input_ids) - 1]))
         return inp
 
     def _only_logits_rows_used(self, states: list[CachedRequestState]) -> bool:
