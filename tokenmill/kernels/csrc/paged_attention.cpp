@@ -262,6 +262,37 @@ template <int R, typename VT>
   }
 }
 
+// Ask for one KV head's 16 rows of a block (K and V, at `offset` in each cache) ahead of their use: blocks are
+// scattered and mostly not in cache, so the next one's loads start while this one is worked on.
+template <typename KT>
+[[gnu::always_inline]] inline void prefetch_head_rows(const KT* k_cache, const KT* v_cache, int64_t offset,
+                                                      int64_t token_stride) {
+  for (int64_t j = 0; j < 16; ++j) {
+    const char* kp = reinterpret_cast<const char*>(k_cache + offset + j * token_stride);
+    const char* vp = reinterpret_cast<const char*>(v_cache + offset + j * token_stride);
+    for (int64_t line = 0; line < static_cast<int64_t>(64 * sizeof(KT)); line += 64) {
+      _mm_prefetch(kp + line, _MM_HINT_T0);
+      _mm_prefetch(vp + line, _MM_HINT_T0);
+    }
+  }
+}
+
+// A head's R output rows from its accumulators, vector sums and maxima (and each row's log-sum-exp where asked).
+template <typename T, int R>
+[[gnu::always_inline]] inline void write_head_rows(__m512 (*acc)[4], const __m512* l, const float* m, float v_scale,
+                                                   T* out, float* lse, int64_t head) {
+  constexpr int64_t d = 64;
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float o[d];
+    const float sum = _mm512_reduce_add_ps(l[r]);
+    const __m512 inv = _mm512_set1_ps(v_scale / sum);
+    for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
+    T* dst = out + (head * R + r) * d;
+    for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
+    if (lse) lse[head * R + r] = m[r] + std::log(sum);
+  }
+}
+
 // Decode (one new token) with R <= 4 query heads per KV head and 16-token blocks: the whole running state
 // (R x 64 accumulators, maxima, sums) lives in registers, and each block's softmax is one vector of 16 keys.
 // With `part` given, only blocks [start_block, end_block) are walked and the unnormalised state goes there
@@ -304,17 +335,9 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     const int64_t n = std::min(block, seq_len - b * block);
     const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
     const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
-    if (b + 1 < num_blocks) {  // blocks are scattered and mostly not in cache: start the next one's loads now
-      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d;
-      for (int64_t j = 0; j < block; ++j) {
-        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
-        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
-        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(KT)); line += 64) {
-          _mm_prefetch(kp + line, _MM_HINT_T0);
-          _mm_prefetch(vp + line, _MM_HINT_T0);
-        }
-      }
-    }
+    if (b + 1 < num_blocks)
+      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d,
+                         kv_token_stride);
     __m512 sv[R];
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
@@ -351,15 +374,7 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
     }
     return;
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float o[d];
-    const float sum = _mm512_reduce_add_ps(l[r]);
-    const __m512 inv = _mm512_set1_ps(v_scale / sum);
-    for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[r][k], inv));
-    T* dst = out + (kv_head * R + r) * d;
-    for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
-    if (lse) lse[kv_head * R + r] = m[r] + std::log(sum);
-  }
+  write_head_rows<T, R>(acc, l, m, v_scale, out, lse, kv_head);
 }
 
 // decode_d64 for KV heads kv_head .. kv_head + H - 1 in one pass over the blocks, for heads_together (see
@@ -396,17 +411,9 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
     const int64_t n = std::min(block, seq_len - b * block);
     for (int hh = 0; hh < H; ++hh) {
     const int64_t head = kv_head + hh;
-    if (b + 1 < num_blocks) {  // this head's rows of the next block, as decode_d64 asks for them
-      const int64_t next = static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * d;
-      for (int64_t j = 0; j < block; ++j) {
-        const char* kp = reinterpret_cast<const char*>(k_cache + next + j * kv_token_stride);
-        const char* vp = reinterpret_cast<const char*>(v_cache + next + j * kv_token_stride);
-        for (int64_t line = 0; line < static_cast<int64_t>(d * sizeof(KT)); line += 64) {
-          _mm_prefetch(kp + line, _MM_HINT_T0);
-          _mm_prefetch(vp + line, _MM_HINT_T0);
-        }
-      }
-    }
+    if (b + 1 < num_blocks)   // this head's rows of the next block, as decode_d64 asks for them
+      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * d,
+                         kv_token_stride);
     __m512 la[R][4], ll[R];   // this head's state in registers for the block (as arrays indexed by hh it stayed in memory)
     float lm[R];
     for (int r = 0; r < R; ++r) {
@@ -444,18 +451,7 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
     }
     }
   }
-  for (int hh = 0; hh < H; ++hh) {
-    const int64_t head = kv_head + hh;
-    for (int r = 0; r < R; ++r) {
-      alignas(64) float o[d];
-      const float sum = _mm512_reduce_add_ps(l[hh][r]);
-      const __m512 inv = _mm512_set1_ps(v_scale / sum);
-      for (int k = 0; k < 4; ++k) _mm512_store_ps(o + 16 * k, _mm512_mul_ps(acc[hh][r][k], inv));
-      T* dst = out + (head * R + r) * d;
-      for (int64_t x = 0; x < d; ++x) from_float(o[x], dst + x);
-      if (lse) lse[head * R + r] = m[hh][r] + std::log(sum);
-    }
-  }
+  for (int hh = 0; hh < H; ++hh) write_head_rows<T, R>(acc[hh], l[hh], m[hh], v_scale, out, lse, kv_head + hh);
 }
 
 #endif
