@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -151,6 +153,24 @@ def test_many_decodes_over_a_one_byte_cache_give_each_token_its_bits_alone(kv_dt
         assert torch.equal(out[0], together[i]), i
     ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125, *scales)
     torch.testing.assert_close(together.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_reads_the_cache_by_its_strides(case, kv_dtype):
+    """The paged kernel addresses a KV head by the cache's head stride, not by head_dim: a cache laid out head by
+    head within each block (given as the [2, N, block_size, Hkv, D] view of that memory) gives the same bits as
+    the token-major one, on the decode path (split parts and one-byte heads together included) and off it."""
+    q_lens, ctx = CASES[case]
+    q, k, v, cache, md = _case(q_lens * 5, ctx * 5, 16, 9, 3, 64, torch.bfloat16, seed=11)
+    cache = cache.to(kv_dtype)
+    head_major = cache.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4)
+    assert torch.equal(head_major, cache) and head_major.stride(3) != 64
+    cpu = get_backend("cpu", "cpu")
+    scales = (1.0, 1.0) if kv_dtype == torch.bfloat16 else (0.5, 2.0)
+    md_head = dataclasses.replace(md, backend_plan={})
+    torch.testing.assert_close(cpu.forward(q, k, v, head_major, md_head, 0.125, *scales),
+                               cpu.forward(q, k, v, cache, md, 0.125, *scales), atol=0, rtol=0)
 
 
 def test_reference_reads_what_was_written():

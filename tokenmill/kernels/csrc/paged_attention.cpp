@@ -119,7 +119,7 @@ void store_rows(T* out, const float* acc, const float* l, int64_t q_len, int64_t
 template <typename T, typename KT, int64_t D>
 void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t q_len,
                 int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
-                int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
+                int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride,
                 float scale, int64_t start_block, float* lse, float v_scale, int64_t window) {
   const int64_t d = D > 0 ? D : d_rt;
   thread_local Scratch sc;
@@ -141,7 +141,7 @@ void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
   for (int64_t b = std::max(start_block, first_key / block_size); b < num_blocks; ++b) {
     const int64_t start = b * block_size;
     const int64_t n = std::min(block_size, seq_len - start);
-    const int64_t base = static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const int64_t base = static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * kv_head_stride;
     for (int64_t j = 0; j < n; ++j) {
       load_row(k_cache + base + j * kv_token_stride, kf + j * d, d);
       load_row(v_cache + base + j * kv_token_stride, vf + j * d, d);
@@ -299,7 +299,7 @@ template <typename T, int R>
 // ([R][64] accumulators, then R maxima, then R sums) for a later merge (flash-decoding).
 template <typename T, typename KT, int R>
 void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
-                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale, int64_t start_block,
                 float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
                 bool amx = false) {
   constexpr int64_t d = 64, block = 16;
@@ -333,10 +333,10 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
   for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
-    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
-    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * d;
+    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * kv_head_stride;
+    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * kv_head_stride;
     if (b + 1 < num_blocks)
-      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * d,
+      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * kv_head_stride,
                          kv_token_stride);
     __m512 sv[R];
 #if defined(__AVX512BF16__)
@@ -382,7 +382,7 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 // (not AMX's), so a token gets the same bits either way. No parts (flash-decoding splits stay per head).
 template <typename T, typename KT, int R, int H>
 void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
-                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, float scale, int64_t start_block,
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale, int64_t start_block,
                 float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
                 bool amx = false) {
   constexpr int64_t d = 64, block = 16;
@@ -412,7 +412,7 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
     for (int hh = 0; hh < H; ++hh) {
     const int64_t head = kv_head + hh;
     if (b + 1 < num_blocks)   // this head's rows of the next block, as decode_d64 asks for them
-      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * d,
+      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * kv_head_stride,
                          kv_token_stride);
     __m512 la[R][4], ll[R];   // this head's state in registers for the block (as arrays indexed by hh it stayed in memory)
     float lm[R];
@@ -421,8 +421,8 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
       ll[r] = l[hh][r];
       lm[r] = m[hh][r];
     }
-    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * d;
-    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * d;
+    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * kv_head_stride;
+    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head * kv_head_stride;
     __m512 sv[R];
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KT, at::BFloat16>) {
@@ -457,10 +457,12 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
 #endif
 
 constexpr int64_t kDecodeLoopMaxQueryLen = 8;  // = KERNEL_MAX_QUERY_LEN of attention/cpu.py
-// Flash-decoding: a decoded token whose sequence is longer than this many 16-token blocks is attended in parts
-// of this many blocks, each a task of its own, then merged by their maxima and sums. Otherwise one request of
-// a long context is three tasks (its KV heads) on two cores, read at a third of the memory's speed. The split
-// depends only on the token's own sequence length, so a token gets the same bits whatever batch it is in.
+// Flash-decoding: a decoded token that walks more than this many 16-token blocks is attended in parts of this
+// many blocks, each a task of its own, then merged by their maxima and sums. Otherwise one request of a long
+// context is three tasks (its KV heads) on two cores, read at a third of the memory's speed. The blocks walked
+// are those past start_block (a cascade's shared prefix is attended elsewhere: counting it made empty parts,
+// two of three tasks per token in W3's decode steps). The split depends only on the token's own sequence length
+// and start_block, so a token gets the same bits whatever else is in the batch.
 constexpr int64_t kSplitBlocks = 32;
 constexpr int64_t kHeadsTogetherMax = 4;          // KV heads one task can take (their state stays in L1)
 constexpr int64_t kHeadsTogetherMinTokens = 16;   // decoded tokens in the call, so both cores stay busy
@@ -497,7 +499,8 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                      const at::Tensor& rows, double scale, int64_t start_block, const c10::optional<at::Tensor>& lse,
                      double k_scale, double v_scale, int64_t window, bool amx) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cache rows must be contiguous");
+  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.strides() == v_cache.strides(),
+              "K and V caches: [num_blocks, block_size, num_kv_heads, head_dim] with contiguous rows, strided alike");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "block_table must be int32");
   const int64_t hq = q.size(1), d = q.size(2), hkv = k_cache.size(2), block_size = k_cache.size(1);
   TORCH_CHECK(hq % hkv == 0, "query heads must be a multiple of kv heads");
@@ -549,7 +552,8 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
     per_token[r] = decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen;
-    if (per_token[r] && sl_p[i] > kSplitTokens) num_parts[r] = (sl_p[i] + kSplitTokens - 1) / kSplitTokens;
+    const int64_t walked = sl_p[i] - start_block * 16;  // the keys the row's tokens walk here (at most)
+    if (per_token[r] && walked > kSplitTokens) num_parts[r] = (walked + kSplitTokens - 1) / kSplitTokens;
     any_split |= num_parts[r] > 1;
     all_per_token &= per_token[r] || q_len == 0;
     decode_tokens += q_len;
@@ -592,7 +596,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           if (per_token[r]) {
             if constexpr (!std::is_same_v<T, double> && !std::is_same_v<KT, double>) {
               using Fn = void (*)(const T*, T*, const KT*, const KT*, const int32_t*, int64_t, int64_t, int64_t,
-                                  int64_t, float, int64_t, float*, float, int64_t, int64_t, float*, bool);
+                                  int64_t, int64_t, float, int64_t, float*, float, int64_t, int64_t, float*, bool);
               const Fn fns[4] = {&decode_d64<T, KT, 1>, &decode_d64<T, KT, 2>, &decode_d64<T, KT, 3>,
                                  &decode_d64<T, KT, 4>};
               const Fn together[3][4] = {  // [KV heads - 2][query heads per KV head - 1]
@@ -601,22 +605,23 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                   {&decode_d64_heads<T, KT, 1, 4>, &decode_d64_heads<T, KT, 2, 4>, &decode_d64_heads<T, KT, 3, 4>, &decode_d64_heads<T, KT, 4, 4>}};
               const Fn fn = heads_together ? together[hkv - 2][group - 1] : fns[group - 1];
               const int64_t t = idx / (head_tasks * np), len = sl_p[i] - q_len + t + 1;
-              const bool split = len > kSplitTokens;  // this token's own choice (np > 1 then)
-              if (split ? part * kSplitTokens >= len : part > 0) continue;
+              const int64_t walked = len - start_block * 16;
+              const bool split = walked > kSplitTokens;  // this token's own choice (np > 1 then)
+              if (split ? part * kSplitTokens >= walked : part > 0) continue;
               float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
                                  : nullptr;
               fn(q_p + (q0 + t) * hq * d, o_p + (q0 + t) * hq * d, k_p, v_p, bt_p + i * bt_stride,
-                             len, h, k_cache.stride(1), k_cache.stride(0), qk_scale,
-                             split ? std::max(start_block, part * kSplitBlocks) : start_block,
+                             len, h, k_cache.stride(1), k_cache.stride(0), k_cache.stride(2), qk_scale,
+                             split ? start_block + part * kSplitBlocks : start_block,
                              lse_p ? lse_p + (q0 + t) * hq : nullptr, vs, window,
-                             split ? (part + 1) * kSplitBlocks : -1, dst, use_amx);
+                             split ? start_block + (part + 1) * kSplitBlocks : -1, dst, use_amx);
               continue;
             }
           }
 #endif
           auto* fn = d == 64 ? &attend_one<T, KT, 64> : d == 128 ? &attend_one<T, KT, 128> : &attend_one<T, KT, 0>;
           fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
-             block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), qk_scale, start_block,
+             block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), k_cache.stride(2), qk_scale, start_block,
              lse_p ? lse_p + q0 * hq : nullptr, vs, window);
         }
 #if defined(TOKENMILL_DECODE_AMX)
@@ -631,12 +636,12 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           if (np == 1) continue;
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           for (int64_t t = 0; t < q_len; ++t) {
-            const int64_t len = sl_p[i] - q_len + t + 1;
-            if (len <= kSplitTokens) continue;
+            const int64_t walked = sl_p[i] - q_len + t + 1 - start_block * 16;
+            if (walked <= kSplitTokens) continue;
             const float* first = parts.data() + part_off[r] + (h * np * q_len + t) * part_stride;
             for (int g = 0; g < group; ++g) {
               const int64_t head = h * group + g;
-              merge_parts(first, (len + kSplitTokens - 1) / kSplitTokens, q_len * part_stride,
+              merge_parts(first, (walked + kSplitTokens - 1) / kSplitTokens, q_len * part_stride,
                           static_cast<int>(group), g, vs, o_p + ((q0 + t) * hq + head) * d,
                           lse_p ? lse_p + (q0 + t) * hq + head : nullptr);
             }
