@@ -1,5 +1,6 @@
-"""The idle pre-fault of the KV cache: it writes only blocks that were never handed out, in pieces, and stops
-when none are left; what requests wrote (and the prefix cache reads back) is untouched."""
+"""The KV cache's pre-faults: ahead of the blocks handed out (before each step) and while idle. Both write only
+blocks that were never handed out, in id order; what requests wrote (and the prefix cache reads back) is
+untouched."""
 
 from __future__ import annotations
 
@@ -8,38 +9,64 @@ import torch
 import tokenmill.engine.engine_core as engine_core
 from tokenmill import LLM, SamplingParams
 
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+LONG_PROMPT = [(7 * i) % 500 + 3 for i in range(640)]   # 40 blocks, in 64-token chunks
+# one step takes at most 64 / 16 prompt blocks and a block for each of 2 running requests
+SMALL_STEPS = dict(kv_cache_memory="4MiB", max_num_batched_tokens=64, max_num_seqs=2)
+STEP_BLOCKS = 64 // 16 + 2
 
-def test_idle_prefault_writes_only_blocks_never_handed_out(tiny_model_dir, monkeypatch):
-    llm = LLM(str(tiny_model_dir("llama")), kv_cache_memory="4MiB")
+
+def _generate(llm: LLM, prompt: list[int]) -> list[int]:
+    return llm.generate([{"prompt_token_ids": prompt}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def _setup(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), **SMALL_STEPS)
     core = llm.engine_core
-    pool = core.scheduler.kv_cache_manager.pool
-    caches = core.executor.runner.kv_caches
+    return llm, core, core.scheduler.kv_cache_manager.pool, core.executor.runner.kv_caches
+
+
+def test_blocks_are_written_one_step_ahead_of_the_requests(tiny_model_dir, monkeypatch):
+    llm, core, pool, caches = _setup(tiny_model_dir)
+    assert pool.num_blocks > 3 * 40
+    first_free = pool.high_water + 1
+    for cache in caches:   # mark every block no request has had yet, written ahead or not
+        cache[:, first_free:].fill_(1)
+    out = _generate(llm, LONG_PROMPT)
+    high = pool.high_water
+    assert high > first_free + STEP_BLOCKS   # the request ran past the blocks written at the start
+    for cache in caches:
+        assert (cache[:, high + 1: high + 1 + STEP_BLOCKS] == 0).all()   # the next step's blocks, written ahead
+        assert (cache[:, -1] == 1).all()                                   # the pool's far end, never written
+    monkeypatch.setattr(engine_core.EngineCore, "prefault_ahead", lambda self: None)
+    lazy, _, _, _ = _setup(tiny_model_dir)
+    assert _generate(lazy, LONG_PROMPT) == out   # no block a request had was written over
+
+
+def test_idle_prefault_goes_on_from_the_blocks_written_ahead(tiny_model_dir, monkeypatch):
+    llm, core, pool, caches = _setup(tiny_model_dir)
     cc = core.config.cache_config
     block_bytes = cc.kv_bytes_per_token(core.config.model_config) * cc.block_size
     monkeypatch.setattr(engine_core, "PREFAULT_BYTES", 8 * block_bytes)   # 8 blocks a call
-    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-
-    def generate(prompt: list[int]) -> list[int]:
-        return llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)[0].outputs[0].token_ids
-
-    generate(list(range(5, 45)))
+    _generate(llm, list(range(5, 45)))
     untouched = pool.high_water + 1
-    for cache in caches:   # mark the blocks no request has had: the pre-fault may write those only
+    ahead = core._prefault_next   # (the pre-faults' frontier: written ahead up to here)
+    assert ahead >= untouched + STEP_BLOCKS
+    for cache in caches:   # mark the blocks no request has had
         cache[:, untouched:].fill_(1)
     assert core.prefault_idle_kv()
-    assert all((c[:, untouched:untouched + 8] == 0).all() and (c[:, untouched + 8:] == 1).all() for c in caches)
-    # a prompt of 40 blocks, placed in one run from the lowest free block, takes the 8 pre-faulted blocks and
-    # more past them, past where the pre-fault stopped
-    long_prompt = [(7 * i) % 500 + 3 for i in range(640)]
-    first = generate(long_prompt)
-    assert pool.high_water >= untouched + 18
+    for cache in caches:   # the next 8 past the frontier; the ones before it were written once already
+        assert (cache[:, ahead:ahead + 8] == 0).all() and (cache[:, ahead + 8:] == 1).all()
+        assert (cache[:, untouched:ahead] == 1).all()
+    first = _generate(llm, LONG_PROMPT)   # 40 blocks in one run from the lowest free block, past the frontier
+    assert pool.high_water >= ahead + 8
     written = [c[:, : pool.high_water + 1].clone() for c in caches]
-    calls = 0
+    frontier, calls = core._prefault_next, 0
     while core.prefault_idle_kv():
         calls += 1
-    assert calls == -(-(pool.num_blocks - pool.high_water) // 8)
+    assert calls == -(-(pool.num_blocks + 1 - frontier) // 8)   # 8 blocks a call from the frontier to the end
     assert not core.prefault_idle_kv()
     for cache, before in zip(caches, written):
         assert torch.equal(cache[:, : pool.high_water + 1], before)   # requests' blocks kept their values
-        assert (cache[:, pool.high_water + 1:] == 0).all()              # every other block written once
-    assert generate(long_prompt) == first                              # read back through the prefix cache
+        assert (cache[:, pool.high_water + 1:] == 0).all()              # every other block written
+    assert _generate(llm, LONG_PROMPT) == first                        # read back through the prefix cache

@@ -25,6 +25,9 @@ logger = init_logger(__name__)
 # What one idle pre-fault call writes of the KV cache (~13 ms at a VM's first-touch rate): the longest a request
 # arriving meanwhile waits for it.
 PREFAULT_BYTES = 8 << 20
+# The pre-fault ahead of the blocks handed out (prefault_ahead) keeps one step's worth of written blocks above the
+# high-water mark, writing at least this many at a time: a step writes about what the steps before it took.
+PREFAULT_AHEAD_MIN_BLOCKS = 16
 # The warm-up request's prompt: enough to build every kernel path a first request takes.
 WARMUP_TOKENS = 256
 # ... and where it calibrates a quantized KV cache, its prompt is the calibration text (up to this many tokens),
@@ -86,9 +89,12 @@ class EngineCore:
         self._watch_deadlines = False
         self.checked_loras: set[tuple[int, str]] = set()
         self.kv_connector = None
+        self._prefault_next = 1   # the next KV block a pre-fault writes (None: done, or not this executor's)
+        self._prefault_bytes, self._prefault_seconds = 0, 0.0   # for the idle pre-fault's closing log line
+        sc, cc = config.scheduler_config, config.cache_config
+        # the most blocks one step can hand out: its prompt tokens' blocks, and a new block for each running request
+        self._step_blocks = -(-sc.max_num_batched_tokens // cc.block_size) + sc.max_num_seqs
         self._warm_up()
-        self._prefault_next = 1   # the next KV block the idle pre-fault writes (None: done, or not this executor's)
-        self._prefault_bytes, self._prefault_seconds = 0, 0.0   # for its closing log line
         if config.kv_transfer_config is not None:
             from tokenmill.kv_transfer.connector import KVConnector
 
@@ -130,22 +136,44 @@ class EngineCore:
         at start instead, 2-7 s for 4 GiB here). True while blocks remain."""
         if self._prefault_next is None:
             return False
-        t0 = time.perf_counter()
-        pool = self.scheduler.kv_cache_manager.pool
-        start = max(self._prefault_next, pool.high_water + 1)
         cc = self.config.cache_config
         block_bytes = max(1, cc.kv_bytes_per_token(self.config.model_config) * cc.block_size)
-        end = min(start + max(1, PREFAULT_BYTES // block_bytes), pool.num_blocks + 1)
-        if start >= end or not self.executor.prefault_kv(start, end):
-            if self._prefault_bytes:
-                logger.info("KV cache: %s of untouched pages written while idle, in %.1f s",
-                            format_bytes(self._prefault_bytes), self._prefault_seconds)
-            self._prefault_next = None
-            return False
-        self._prefault_bytes += (end - start) * block_bytes
+        start = max(self._prefault_next, self.scheduler.kv_cache_manager.pool.high_water + 1)
+        t0 = time.perf_counter()
+        written = self._prefault_through(start + max(1, PREFAULT_BYTES // block_bytes))
+        self._prefault_bytes += written * block_bytes
         self._prefault_seconds += time.perf_counter() - t0
+        if not written and self._prefault_bytes:
+            logger.info("KV cache: %s of untouched pages written while idle, in %.1f s",
+                        format_bytes(self._prefault_bytes), self._prefault_seconds)
+        return written > 0
+
+    def prefault_ahead(self) -> None:
+        """Before each step: keep one step's worth of written blocks above the highest block ever handed out (the
+        idle pre-fault goes on from the same point), so that the step's K/V writes land on backed pages. Where a
+        page's first write happened inside the forward instead (rows of scattered blocks from both threads, some
+        after a read had mapped the zero page: a copy and a TLB shootdown), W1's first run in a process took
+        19-22 s against 15.6-16.1 s for the next; with this, 17.6-18.7 s against 18.3-21.4 in fresh processes,
+        1.5-1.8 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
+        if self._prefault_next is None:
+            return
+        want = self.scheduler.kv_cache_manager.pool.high_water + 1 + self._step_blocks
+        if self._prefault_next >= want:
+            return
+        with self.profile.phase("prefault_kv"):
+            self._prefault_through(max(want, self._prefault_next + PREFAULT_AHEAD_MIN_BLOCKS))
+
+    def _prefault_through(self, end: int) -> int:
+        """Write the never-used blocks from where the pre-faults stand up to `end` (the pool's end at most); how
+        many it wrote. Past the pool's end, or where the executor does not pre-fault, it stops for good."""
+        pool = self.scheduler.kv_cache_manager.pool
+        start = max(self._prefault_next, pool.high_water + 1)   # never a block a request has had
+        end = min(end, pool.num_blocks + 1)
+        if start >= end or not self.executor.prefault_kv(start, end):
+            self._prefault_next = None
+            return 0
         self._prefault_next = end
-        return True
+        return end - start
 
     def add_request(self, req: EngineCoreRequest) -> None:
         max_model_len = self.config.scheduler_config.max_model_len
@@ -274,6 +302,7 @@ class EngineCore:
         if self.kv_connector is not None:
             self.kv_connector.serve()
         errors = {**self._admit_transferred(), **self._admit_compiled()}
+        self.prefault_ahead()
         with self.profile.phase("schedule"):
             so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
