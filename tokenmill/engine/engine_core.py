@@ -91,9 +91,6 @@ class EngineCore:
         self.kv_connector = None
         self._prefault_next = 1   # the next KV block a pre-fault writes (None: done, or not this executor's)
         self._prefault_bytes, self._prefault_seconds = 0, 0.0   # for the idle pre-fault's closing log line
-        sc, cc = config.scheduler_config, config.cache_config
-        # the most blocks one step can hand out: its prompt tokens' blocks, and a new block for each running request
-        self._step_blocks = -(-sc.max_num_batched_tokens // cc.block_size) + sc.max_num_seqs
         self._warm_up()
         if config.kv_transfer_config is not None:
             from tokenmill.kv_transfer.connector import KVConnector
@@ -149,19 +146,32 @@ class EngineCore:
         return written > 0
 
     def prefault_ahead(self) -> None:
-        """Before each step: keep one step's worth of written blocks above the highest block ever handed out (the
+        """Before each step: keep the blocks this step can take written above the highest block ever handed out (the
         idle pre-fault goes on from the same point), so that the step's K/V writes land on backed pages. Where a
         page's first write happened inside the forward instead (rows of scattered blocks from both threads, some
         after a read had mapped the zero page: a copy and a TLB shootdown), W1's first run in a process took
-        19-22 s against 15.6-16.1 s for the next; with this, 17.6-18.7 s against 18.3-21.4 in fresh processes,
-        1.5-1.8 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
+        19-22 s against 15.6-16.1 s for the next; with this, 17.4-18.0 s against 19.2-21.6 in fresh processes,
+        1.7-2.2 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
         if self._prefault_next is None:
             return
-        want = self.scheduler.kv_cache_manager.pool.high_water + 1 + self._step_blocks
+        want = self.scheduler.kv_cache_manager.pool.high_water + 1 + self._blocks_next_step()
         if self._prefault_next >= want:
             return
         with self.profile.phase("prefault_kv"):
             self._prefault_through(max(want, self._prefault_next + PREFAULT_AHEAD_MIN_BLOCKS))
+
+    def _blocks_next_step(self) -> int:
+        """At most the blocks the next step hands out: its prompt tokens (the token budget at most) fill whole
+        blocks, and each request it runs may start one more. (A bound for the whole budget and max_num_seqs wrote
+        ~140 MB that W3 never used: the first write to a page is the cost this saves.)"""
+        sched, sc = self.scheduler, self.config.scheduler_config
+        if len(sched.waiting):
+            prompt_tokens = sc.max_num_batched_tokens
+        else:   # only running requests still in their prompts (chunked prefill) take prompt tokens
+            prompt_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in sched.running)
+        block_size = self.config.cache_config.block_size
+        return (-(-min(prompt_tokens, sc.max_num_batched_tokens) // block_size)
+                + min(sc.max_num_seqs, len(sched.running) + len(sched.waiting)))
 
     def _prefault_through(self, end: int) -> int:
         """Write the never-used blocks from where the pre-faults stand up to `end` (the pool's end at most); how
