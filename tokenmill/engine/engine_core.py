@@ -25,8 +25,8 @@ logger = init_logger(__name__)
 # What one idle pre-fault call writes of the KV cache (~13 ms at a VM's first-touch rate): the longest a request
 # arriving meanwhile waits for it.
 PREFAULT_BYTES = 8 << 20
-# The pre-fault ahead of the blocks handed out (prefault_ahead) keeps one step's worth of written blocks above the
-# high-water mark, writing at least this many at a time: a step writes about what the steps before it took.
+# The pre-fault ahead of the blocks handed out (prefault_ahead) keeps the blocks the next step can take written above
+# the high-water mark, writing at least this many at a time: a step writes about what the steps before it took.
 PREFAULT_AHEAD_MIN_BLOCKS = 16
 # The warm-up request's prompt: enough to build every kernel path a first request takes.
 WARMUP_TOKENS = 256

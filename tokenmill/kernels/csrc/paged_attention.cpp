@@ -119,8 +119,8 @@ void store_rows(T* out, const float* acc, const float* l, int64_t q_len, int64_t
 template <typename T, typename KT, int64_t D>
 void attend_one(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t q_len,
                 int64_t seq_len, int64_t group, int64_t d_rt, int64_t block_size, int64_t kv_head,
-                int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride,
-                float scale, int64_t start_block, float* lse, float v_scale, int64_t window) {
+                int64_t q_token_stride, int64_t q_head_stride, int64_t kv_token_stride, int64_t kv_block_stride,
+                int64_t kv_head_stride, float scale, int64_t start_block, float* lse, float v_scale, int64_t window) {
   const int64_t d = D > 0 ? D : d_rt;
   thread_local Scratch sc;
   const int64_t rows = q_len * group;
@@ -299,9 +299,9 @@ template <typename T, int R>
 // ([R][64] accumulators, then R maxima, then R sums) for a later merge (flash-decoding).
 template <typename T, typename KT, int R>
 void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
-                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale, int64_t start_block,
-                float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
-                bool amx = false) {
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale,
+                int64_t start_block, float* lse, float v_scale, int64_t window, int64_t end_block = -1,
+                float* part = nullptr, bool amx = false) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
 #if defined(__AVX512BF16__)
@@ -333,10 +333,11 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;  // a sliding window's start
   for (int64_t b = std::max(start_block, first_key / block); b < num_blocks; ++b) {
     const int64_t n = std::min(block, seq_len - b * block);
-    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * kv_head_stride;
-    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + kv_head * kv_head_stride;
+    const int64_t head_offset = kv_head * kv_head_stride;
+    const KT* kb = k_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head_offset;
+    const KT* vb = v_cache + static_cast<int64_t>(table[b]) * kv_block_stride + head_offset;
     if (b + 1 < num_blocks)
-      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + kv_head * kv_head_stride,
+      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + head_offset,
                          kv_token_stride);
     __m512 sv[R];
 #if defined(__AVX512BF16__)
@@ -382,9 +383,9 @@ void decode_d64(const T* q, T* out, const KT* k_cache, const KT* v_cache, const 
 // (not AMX's), so a token gets the same bits either way. No parts (flash-decoding splits stay per head).
 template <typename T, typename KT, int R, int H>
 void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, const int32_t* table, int64_t seq_len,
-                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale, int64_t start_block,
-                float* lse, float v_scale, int64_t window, int64_t end_block = -1, float* part = nullptr,
-                bool amx = false) {
+                int64_t kv_head, int64_t kv_token_stride, int64_t kv_block_stride, int64_t kv_head_stride, float scale,
+                int64_t start_block, float* lse, float v_scale, int64_t window, int64_t end_block = -1,
+                float* part = nullptr, bool amx = false) {
   constexpr int64_t d = 64, block = 16;
   alignas(64) float s[R * block];
 #if defined(__AVX512BF16__)
@@ -412,8 +413,8 @@ void decode_d64_heads(const T* q, T* out, const KT* k_cache, const KT* v_cache, 
     for (int hh = 0; hh < H; ++hh) {
     const int64_t head = kv_head + hh;
     if (b + 1 < num_blocks)   // this head's rows of the next block, as decode_d64 asks for them
-      prefetch_head_rows(k_cache, v_cache, static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * kv_head_stride,
-                         kv_token_stride);
+      prefetch_head_rows(k_cache, v_cache,
+                         static_cast<int64_t>(table[b + 1]) * kv_block_stride + head * kv_head_stride, kv_token_stride);
     __m512 la[R][4], ll[R];   // this head's state in registers for the block (as arrays indexed by hh it stayed in memory)
     float lm[R];
     for (int r = 0; r < R; ++r) {
@@ -552,7 +553,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t i = rw_p[r], q_len = qsl_p[i + 1] - qsl_p[i];
     per_token[r] = decode_path && q_len > 0 && q_len <= kDecodeLoopMaxQueryLen;
-    const int64_t walked = sl_p[i] - start_block * 16;  // the keys the row's tokens walk here (at most)
+    const int64_t walked = sl_p[i] - start_block * block_size;  // the keys the row's tokens walk here (at most)
     if (per_token[r] && walked > kSplitTokens) num_parts[r] = (walked + kSplitTokens - 1) / kSplitTokens;
     any_split |= num_parts[r] > 1;
     all_per_token &= per_token[r] || q_len == 0;
@@ -605,7 +606,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                   {&decode_d64_heads<T, KT, 1, 4>, &decode_d64_heads<T, KT, 2, 4>, &decode_d64_heads<T, KT, 3, 4>, &decode_d64_heads<T, KT, 4, 4>}};
               const Fn fn = heads_together ? together[hkv - 2][group - 1] : fns[group - 1];
               const int64_t t = idx / (head_tasks * np), len = sl_p[i] - q_len + t + 1;
-              const int64_t walked = len - start_block * 16;
+              const int64_t walked = len - start_block * block_size;
               const bool split = walked > kSplitTokens;  // this token's own choice (np > 1 then)
               if (split ? part * kSplitTokens >= walked : part > 0) continue;
               float* dst = split ? parts.data() + part_off[r] + ((h * np + part) * q_len + t) * part_stride
@@ -621,7 +622,8 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 #endif
           auto* fn = d == 64 ? &attend_one<T, KT, 64> : d == 128 ? &attend_one<T, KT, 128> : &attend_one<T, KT, 0>;
           fn(q_p + q0 * hq * d, o_p + q0 * hq * d, k_p, v_p, bt_p + i * bt_stride, q_len, sl_p[i], group, d,
-             block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), k_cache.stride(2), qk_scale, start_block,
+             block_size, h, hq * d, d, k_cache.stride(1), k_cache.stride(0), k_cache.stride(2), qk_scale,
+             start_block,
              lse_p ? lse_p + q0 * hq : nullptr, vs, window);
         }
 #if defined(TOKENMILL_DECODE_AMX)
@@ -636,7 +638,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
           if (np == 1) continue;
           const int64_t q0 = qsl_p[i], q_len = qsl_p[i + 1] - q0;
           for (int64_t t = 0; t < q_len; ++t) {
-            const int64_t walked = sl_p[i] - q_len + t + 1 - start_block * 16;
+            const int64_t walked = sl_p[i] - q_len + t + 1 - start_block * block_size;
             if (walked <= kSplitTokens) continue;
             const float* first = parts.data() + part_off[r] + (h * np * q_len + t) * part_stride;
             for (int g = 0; g < group; ++g) {
