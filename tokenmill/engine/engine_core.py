@@ -150,8 +150,8 @@ class EngineCore:
         idle pre-fault goes on from the same point), so that the step's K/V writes land on backed pages. Where a
         page's first write happened inside the forward instead (rows of scattered blocks from both threads, some
         after a read had mapped the zero page: a copy and a TLB shootdown), W1's first run in a process took
-        19-22 s against 15.6-16.1 s for the next; with this, 17.4-18.0 s against 19.2-21.6 in fresh processes,
-        1.7-2.2 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
+        19-22 s against 15.6-16.1 s for the next; with this, 17.4-18.9 s against 18.7-21.6 in fresh processes,
+        1.4-2.2 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
         if self._prefault_next is None:
             return
         want = self.scheduler.kv_cache_manager.pool.high_water + 1 + self._blocks_next_step()
