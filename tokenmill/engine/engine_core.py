@@ -91,6 +91,8 @@ class EngineCore:
         self.kv_connector = None
         self._prefault_next = 1   # the next KV block a pre-fault writes (None: done, or not this executor's)
         self._prefault_bytes, self._prefault_seconds = 0, 0.0   # for the idle pre-fault's closing log line
+        sc = config.scheduler_config   # the most blocks any step can take (_blocks_next_step's bound)
+        self._max_step_blocks = -(-sc.max_num_batched_tokens // config.cache_config.block_size) + sc.max_num_seqs
         self._warm_up()
         if config.kv_transfer_config is not None:
             from tokenmill.kv_transfer.connector import KVConnector
@@ -154,7 +156,10 @@ class EngineCore:
         1.4-2.2 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
         if self._prefault_next is None:
             return
-        want = self.scheduler.kv_cache_manager.pool.high_water + 1 + self._blocks_next_step()
+        high = self.scheduler.kv_cache_manager.pool.high_water + 1
+        if self._prefault_next >= high + self._max_step_blocks:
+            return   # ahead of any step (as the idle pre-fault leaves it): no look at the requests
+        want = high + self._blocks_next_step()
         if self._prefault_next >= want:
             return
         with self.profile.phase("prefault_kv"):
