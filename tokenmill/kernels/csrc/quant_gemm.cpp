@@ -29,16 +29,16 @@ namespace {
 
 using namespace tokenmill_quant;
 
-// Software prefetch, this far ahead in each stream of a tile (measured best of 512/1024/2048 bytes and 4/8
-// groups). A 16-output block is a stream of only a few KB (and its scales and minima two more, of 32 bytes a
-// group): at one or two rows the hardware prefetcher ramps up too late in each, so a decode step's loads wait
-// on memory (the 120 matmuls of a SmolLM2 step in int4: 6.0 -> 5.3 ms, 1 row, alternated in one process).
-// Each stream also asks for the same line of the next tile's stream into L2 (tiles are contiguous, so that is
-// one block further on), and a thread's first tile is asked for whole before it starts: the short streams of
-// a tile (its weights, scales and minima) each began with a wait on memory, and a core then kept too few
-// lines in flight to read faster than ~10 GB/s (AMD EPYC, 1 row, a step's 120 matmuls: int4 3.3-3.7 -> 2.6 ms,
-// int8 5.1-5.2 -> 4.0).
-constexpr int64_t kPrefetchBytes = 1024;
+// Software prefetch. A 16-output block is a stream of only a few KB (and its scales and minima two more, of 32
+// bytes a group): at one or two rows the hardware prefetcher ramps up too late in each, so a decode step's
+// loads wait on memory. Each weight load asks for the same line of the next tile's stream into L2 (tiles are
+// contiguous, so that is one block further on), the scales and minima are asked for kPrefetchGroups groups
+// ahead, and a thread's first tile is asked for whole before it starts: the short streams of a tile each began
+// with a wait on memory, and a core then kept too few lines in flight to read faster than ~10 GB/s (AMD EPYC,
+// 1 row, a step's 120 matmuls: int4 3.3-3.7 -> 2.6 ms, int8 5.1-5.2 -> 4.0). The weights were also asked into
+// L1 1 KB ahead of each load; with the L2 requests that no longer helped and cost instructions (AMD Zen 5, the
+// 120 matmuls alone, alternated: int8 1.78-1.85 -> 1.61-1.64 ms, int4 1.19-1.44 -> 1.14-1.40; the int8 lm head
+// 0.45 -> 0.41).
 constexpr int64_t kPrefetchGroups = 4;
 
 inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
@@ -149,7 +149,7 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
         for (int s = 0; s < 8; ++s)
           for (int j = 0; j < J; ++j) {
             const uint8_t* at = w.q + (b + j) * w.block_bytes() + (blk * 8 + s) * 64;
-            if (stream) prefetch(at + kPrefetchBytes), prefetch_l2(at + J * w.block_bytes());
+            if (stream) prefetch_l2(at + J * w.block_bytes());
             const __m512i wv = _mm512_loadu_si512(at);
             for (int m = 0; m < M; ++m) {
               ih[j][m] = _mm512_dpbusd_epi32(ih[j][m], wv, _mm512_set1_epi32(xh[m][s]));
@@ -160,7 +160,7 @@ void tile(const QuantView& w, const QuantRows& a, int64_t r0, const float* bias,
         for (int s = 0; s < 8; s += 2)
           for (int j = 0; j < J; ++j) {
             const uint8_t* at = w.q + (b + j) * w.block_bytes() + (blk * 4 + s / 2) * 64;
-            if (stream) prefetch(at + kPrefetchBytes), prefetch_l2(at + J * w.block_bytes());
+            if (stream) prefetch_l2(at + J * w.block_bytes());
             const __m512i v = _mm512_loadu_si512(at);
             const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
             for (int m = 0; m < M; ++m) {
