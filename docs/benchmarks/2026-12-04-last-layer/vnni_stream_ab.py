@@ -2,7 +2,9 @@
 decode step's 120 linears at one row (30 layers of SmolLM2's shapes, distinct random weights, OpenMP over output
 blocks as at::parallel_for splits them), with each software-prefetch variant alternated 40 times in one process.
 
-    python vnni_stream_ab.py [bits=4|8]
+    python vnni_stream_ab.py [bits=4|8] [head=1]
+
+head=1: the tied lm head alone (49,152 x 576) instead of the 120 linears.
 """
 import re
 import subprocess
@@ -11,23 +13,26 @@ import tempfile
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[3] / "tokenmill/kernels/csrc"
-bits = int(dict(a.split("=") for a in sys.argv[1:]).get("bits", 4))
+args = dict(a.split("=") for a in sys.argv[1:])
+bits = int(args.get("bits", 4))
+head = args.get("head") == "1"
 VARIANTS = {   # what each 64-byte load of a streaming tile asks for
-    "as is: T0 1 KB ahead, the next block into L2":
-        "prefetch(at + kPrefetchBytes), prefetch_l2(at + J * w.block_bytes())",
+    "as is (since 9457554): the next block into L2":
+        "prefetch_l2(at + J * w.block_bytes())",
+    "before 9457554: T0 1 KB ahead, the next block into L2":
+        "prefetch(at + 1024), prefetch_l2(at + J * w.block_bytes())",
     "L2 8 KB ahead only": "prefetch_l2(at + 8192)",
     "L2 4 KB ahead only": "prefetch_l2(at + 4096)",
-    "the next block into L2 only": "prefetch_l2(at + J * w.block_bytes())",
     "L2 16 KB ahead only": "prefetch_l2(at + 16384)",
 }
 
 src = (CSRC / "quant_gemm.cpp").read_text()
 layout = (CSRC / "quant_layout.h").read_text().replace("#include <ATen/ATen.h>\n", "").replace("#pragma once", "")
 layout = layout[:layout.index("inline QuantView view_of")] + layout[layout.index("inline __m512 load_half16"):]
-body = src[src.index("constexpr int64_t kPrefetchBytes"):src.index("at::Tensor quant_gemm(const at::Tensor& x")]
+body = src[src.index("constexpr int64_t kPrefetchGroups"):src.index("at::Tensor quant_gemm(const at::Tensor& x")]
 body = body[:body.index("// Filled in place")] + body[body.index("inline void store_bf16"):]
 body = body.replace("#if defined(__AVX512VNNI__)\n", "")
-line = "if (stream) prefetch(at + kPrefetchBytes), prefetch_l2(at + J * w.block_bytes());"
+line = "if (stream) prefetch_l2(at + J * w.block_bytes());"
 assert body.count(line) == 2, "the tile's prefetch line changed: update this script"
 body = body.replace(line, "if (stream) { " + " else ".join(
     f"if (PV == {i}) {{ {v}; }}" for i, v in enumerate(VARIANTS.values())) + " }")
@@ -46,10 +51,11 @@ int main() {{
   const int bits = {bits}, nv = {len(VARIANTS)};
   const char* names[] = {{{names}}};
   const int64_t shapes[4][2] = {{{{960, 576}}, {{576, 576}}, {{3072, 576}}, {{576, 1536}}}};
-  std::vector<Lin> lins(120);
+  const bool head = {int(head)};
+  std::vector<Lin> lins(head ? 1 : 120);
   double total = 0;
-  for (int i = 0; i < 120; ++i) {{
-    const int64_t n = shapes[i % 4][0], k = shapes[i % 4][1], G = bits == 4 ? 32 : k;
+  for (int i = 0; i < (int)lins.size(); ++i) {{
+    const int64_t n = head ? 49152 : shapes[i % 4][0], k = head ? 576 : shapes[i % 4][1], G = bits == 4 ? 32 : k;
     Lin& l = lins[i];
     l.q.resize(n * k * bits / 8); for (auto& c : l.q) c = rand();
     l.sc.assign(n * k / G, 0x3c00); l.mn.assign(bits == 4 ? n * k / G : 0, 0x3c00);
@@ -63,14 +69,14 @@ int main() {{
     a[j].gsum.assign(K / 32, 1.f);
     for (int i = 0; i < K; ++i) a[j].hi[i] = rand() % 100, a[j].lo[i] = rand() % 100;
   }}
-  std::vector<uint16_t> y(4096);
+  std::vector<uint16_t> y(49152);  // the widest output: the head
   std::vector<char> flush(256 << 20, 1);
   std::vector<std::vector<double>> times(nv);
   for (int r = 0; r < 40; ++r)
     for (int pv = 0; pv < nv; ++pv) {{
       for (size_t i = 0; i < flush.size(); i += 64) flush[i]++;
       auto t = std::chrono::steady_clock::now();
-      for (int i = 0; i < 120; ++i) {{
+      for (int i = 0; i < (int)lins.size(); ++i) {{
         const QuantView& w = lins[i].w; const QuantRows& ar = a[w.k == 1536];
         const int64_t nb = w.n / 16;
 #pragma omp parallel num_threads(2)
@@ -83,7 +89,7 @@ int main() {{
     }}
   for (int pv = 0; pv < nv; ++pv) {{
     auto v = times[pv]; std::sort(v.begin(), v.end());
-    printf("bits %d  %-46s median %.3f ms  (%.1f GB/s)\\n", bits, names[pv], v[v.size() / 2] * 1e3,
+    printf("bits %d %s %-54s median %.3f ms  (%.1f GB/s)\\n", bits, head ? "head" : "step", names[pv], v[v.size() / 2] * 1e3,
            total / v[v.size() / 2] / 1e9);
   }}
 }}
