@@ -72,3 +72,23 @@ def test_idle_prefault_goes_on_from_the_blocks_written_ahead(tiny_model_dir, mon
         assert torch.equal(cache[:, : pool.high_water + 1], before)   # requests' blocks kept their values
         assert (cache[:, pool.high_water + 1:] == 0).all()              # every other block written
     assert _generate(llm, LONG_PROMPT) == first                        # read back through the prefix cache
+
+
+def test_a_step_with_nothing_to_write_ahead_does_not_end_the_prefaults(tiny_model_dir, monkeypatch):
+    """The blocks handed out can run past the pre-faults' frontier (a request's run placed beyond a gap kept for
+    another's growth); a step that then wants nothing written ahead (no request to schedule) must leave the
+    pre-faults going: only the pool's end, or an executor that does not pre-fault, ends them."""
+    llm, core, pool, caches = _setup(tiny_model_dir)
+    cc = core.config.cache_config
+    monkeypatch.setattr(engine_core, "PREFAULT_BYTES", 8 * cc.kv_bytes_per_token(core.config.model_config)
+                        * cc.block_size)   # 8 blocks a call
+    _generate(llm, LONG_PROMPT)
+    assert not core.scheduler.has_unfinished_requests() and pool.high_water > 40
+    core._prefault_next = 1   # behind the blocks handed out by more than a pre-fault's minimum
+    core.prefault_ahead()     # nothing scheduled: nothing to write
+    for cache in caches:
+        cache[:, pool.high_water + 1:].fill_(1)
+    assert core.prefault_idle_kv()   # the idle pre-fault still writes, from past the blocks handed out
+    first = pool.high_water + 1
+    for cache in caches:
+        assert (cache[:, first: first + 8] == 0).all() and (cache[:, first + 8:] == 1).all()

@@ -180,11 +180,16 @@ class EngineCore:
 
     def _prefault_through(self, end: int) -> int:
         """Write the never-used blocks from where the pre-faults stand up to `end` (the pool's end at most); how
-        many it wrote. Past the pool's end, or where the executor does not pre-fault, it stops for good."""
+        many it wrote. Past the pool's end, or where the executor does not pre-fault, it stops for good; a range
+        with nothing in it (the blocks handed out already reach `end`) is only nothing to do now."""
         pool = self.scheduler.kv_cache_manager.pool
         start = max(self._prefault_next, pool.high_water + 1)   # never a block a request has had
         end = min(end, pool.num_blocks + 1)
-        if start >= end or not self.executor.prefault_kv(start, end):
+        if start >= end:
+            if start > pool.num_blocks:
+                self._prefault_next = None
+            return 0
+        if not self.executor.prefault_kv(start, end):
             self._prefault_next = None
             return 0
         self._prefault_next = end
