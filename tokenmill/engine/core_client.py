@@ -216,8 +216,7 @@ class OutputReceiver:
     never waits here (timeout 0)."""
 
     def __init__(self, socket: zmq.asyncio.Socket, decoder: msgspec.msgpack.Decoder):
-        self.socket = socket
-        self._now = zmq.Socket.shadow(socket.underlying)
+        self._now = zmq.Socket.shadow(socket.underlying)   # (the caller keeps the socket open)
         self._decoder = decoder
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future | None = None
@@ -226,7 +225,9 @@ class OutputReceiver:
         """The next message decoded, or None after `timeout_ms` with none."""
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            if self._now.getsockopt(zmq.EVENTS) & zmq.POLLIN:   # (cheaper than a receive raising zmq.Again)
+            # ZMQ_EVENTS says whether a message is there (cheaper than a receive raising zmq.Again), and reading
+            # it clears the descriptor's signal: a message that comes after it signals the descriptor again
+            if self._now.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 _, payload = self._now.recv_multipart(zmq.NOBLOCK)
                 return self._decoder.decode(payload)
             left = deadline - time.monotonic()
@@ -234,17 +235,13 @@ class OutputReceiver:
                 return None
 
     async def _readable(self, timeout: float) -> bool:
-        """Until the socket may hold a message (True) or `timeout` s pass (False). ZMQ's descriptor only signals
-        that the socket's state changed: reading ZMQ_EVENTS clears it and says whether a message is there, so
-        the reader reads it, and so does this once its waiter exists (for a message that came just before)."""
+        """Until the descriptor says a message may be there (True) or `timeout` s pass (False)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self.close()
             loop.add_reader(self._now.getsockopt(zmq.FD), self._on_readable)
             self._loop = loop
         waiter = self._waiter = loop.create_future()
-        if self._now.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return True
         timer = loop.call_later(timeout, _resolve, waiter, False)
         try:
             return await waiter
@@ -253,6 +250,7 @@ class OutputReceiver:
             self._waiter = None
 
     def _on_readable(self) -> None:
+        # reads ZMQ_EVENTS whether or not anyone waits: that clears the signal, or the loop would call this again
         if self._now.getsockopt(zmq.EVENTS) & zmq.POLLIN and self._waiter is not None:
             _resolve(self._waiter, True)
 
