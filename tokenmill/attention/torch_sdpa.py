@@ -37,16 +37,17 @@ class TorchSdpaBackend(AttentionBackend):
         _, _, block_size, hkv, d = kv_cache.shape
         seq_lens = md.seq_lens_np[rows]
         max_blocks = int(-(-seq_lens.max() // block_size))
-        token_idx = torch.from_numpy(md.query_start_loc_np[rows])
-        rows_t = torch.from_numpy(rows)
+        dev = q.device
+        token_idx = torch.from_numpy(md.query_start_loc_np[rows]).to(dev)
+        rows_t = torch.from_numpy(rows).to(dev)
         blocks = md.block_table[rows_t, :max_blocks].long().reshape(-1)
         n = len(rows)
         keys, vals = (dequantize_kv(kv_cache[i].index_select(0, blocks), scales[i], q.dtype)
                       .view(n, max_blocks * block_size, hkv, d).transpose(1, 2) for i in (0, 1))
         qg = q.index_select(0, token_idx).view(n, hkv, -1, d)           # [n, Hkv, G, D]
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [n, Hkv, G, S]
-        pos = torch.arange(max_blocks * block_size)
-        lens = torch.from_numpy(seq_lens)[:, None]
+        pos = torch.arange(max_blocks * block_size, device=dev)
+        lens = torch.from_numpy(seq_lens).to(dev)[:, None]
         invalid = pos[None, :] >= lens
         if window:
             invalid |= pos[None, :] < lens - window
@@ -79,7 +80,8 @@ def sdpa_prompt_row(q, k, v, kv_cache, md, scale, i: int, out: torch.Tensor, sca
     mask, causal = None, True
     seq_len = context + end - start
     if context or 0 < window < seq_len:
-        key_pos, query_pos = torch.arange(seq_len)[None, :], torch.arange(context, seq_len)[:, None]
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
+        query_pos = torch.arange(context, seq_len, device=q.device)[:, None]
         mask, causal = key_pos <= query_pos, False
         if window:
             mask &= key_pos > query_pos - window

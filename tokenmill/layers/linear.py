@@ -200,7 +200,7 @@ class Linear(nn.Module):
         self.kernel = self.quant_method.make_kernel(self.layer_name, self.weight, self.bias, self._quantized_weight())
         self.quantized = {}
         if isinstance(self.kernel, QuantLinearKernel):  # the float weight is no longer read
-            self.weight.data = torch.empty(0, dtype=self.weight.dtype)
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.kernel(x) if self.kernel is not None else F.linear(x, self.weight, self.bias)

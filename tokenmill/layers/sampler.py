@@ -89,8 +89,8 @@ class Sampler:
         if md.logit_bias is not None:
             for row, bias in enumerate(md.logit_bias):
                 if bias:
-                    ids = torch.tensor(list(bias.keys()))
-                    logits[row, ids] += torch.tensor(list(bias.values()))
+                    ids = torch.tensor(list(bias.keys()), device=logits.device)
+                    logits[row, ids] += torch.tensor(list(bias.values()), device=logits.device)
         if md.stop_token_mask:
             forbid_stop_tokens(logits, md.stop_token_mask, md.token_bitmask is not None)
         if md.repetition_penalty is not None:
@@ -119,9 +119,9 @@ class Sampler:
         """One draw per row from `probs` (any non-negative weights): the first token whose running sum passes
         u times the row's sum, u uniform in [0, 1), kept below the sum when rounding would reach it. A token of
         zero weight never passes (its running sum is the one before it)."""
-        u = torch.rand(probs.shape[0], generator=self.default_generator)
+        u = torch.rand(probs.shape[0], generator=self.default_generator, device=probs.device)
         for row, gen in (generators or {}).items():
-            u[row] = torch.rand(1, generator=gen)[0]
+            u[row] = torch.rand(1, generator=gen, device=probs.device)[0]
         cdf = probs.float().cumsum(dim=-1)
         total = cdf[:, -1:]
         target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
@@ -135,9 +135,10 @@ def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, li
     rather than leave a row with nothing to choose."""
     rows = [row for row, ids in stop_token_mask for _ in ids]
     cols = [i for _, ids in stop_token_mask for i in ids]
-    under = torch.tensor([row for row, _ in stop_token_mask])
+    dev = logits.device
+    under = torch.tensor([row for row, _ in stop_token_mask], device=dev)
     saved = logits[under] if grammar_first else None
-    logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
+    logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = float("-inf")
     if saved is not None:
         empty = torch.isneginf(logits[under]).all(dim=-1)
         if bool(empty.any()):
@@ -191,15 +192,16 @@ def _sorted_top_p_cut(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
 
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     b, vocab = logits.shape
-    out_counts = torch.zeros(b, vocab + 1)
+    dev = logits.device
+    out_counts = torch.zeros(b, vocab + 1, device=dev)
     for row, ids in enumerate(md.output_token_ids or []):
         if ids:
-            out_counts[row].index_add_(0, torch.tensor(ids), torch.ones(len(ids)))
+            out_counts[row].index_add_(0, torch.tensor(ids, device=dev), torch.ones(len(ids), device=dev))
     out_counts = out_counts[:, :vocab]
     seen = out_counts > 0
     for row, ids in enumerate(md.prompt_token_ids or []):
         if ids:
-            seen[row, torch.tensor(ids)] = True
+            seen[row, torch.tensor(ids, device=dev)] = True
     rep = md.repetition_penalty[:, None].expand(b, vocab)
     penalized = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalized, logits)

@@ -24,8 +24,8 @@ class LoRAStep:
     """Each token's slot this step (-1: the base model), shared by every adapted layer; inactive when no token uses
     an adapter. The forms the two paths read are made on first use, once a step."""
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
+    def __init__(self, dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+        self.dtype, self.device = dtype, device
         self.token_slot: np.ndarray | None = None
         self.slots = 0   # slots in play: 0..slots-1
         self._mask: torch.Tensor | None = None
@@ -48,7 +48,7 @@ class LoRAStep:
             mask = np.zeros((len(self.token_slot), self.slots), dtype=np.float32)
             rows = np.flatnonzero(self.token_slot >= 0)
             mask[rows, self.token_slot[rows]] = 1.0
-            self._mask = torch.from_numpy(mask).to(self.dtype).unsqueeze(-1)
+            self._mask = torch.from_numpy(mask).to(self.device, self.dtype).unsqueeze(-1)
         return self._mask
 
     def grouped(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ class LoRAManager:
     def __init__(self, model: torch.nn.Module, config: LoRAConfig, dtype: torch.dtype, device: str = "cpu"):
         self.config = config
         self.hf_config = model.config
-        self.step = LoRAStep(dtype)
+        self.step = LoRAStep(dtype, device)
         self.layers: dict[tuple[int, str], LoRALinearWeights] = {}   # (layer index, fused layer name)
         fused = sorted({name for name, _ in TARGETS.values()})
         for index in model.model.stage:

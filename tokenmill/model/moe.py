@@ -81,7 +81,8 @@ class FusedExperts(nn.Module):
         each weighted by its routing weight and added into the token's row."""
         flat = ids.flatten() - self.first_expert   # under expert parallel, other ranks' experts fall outside
         order = torch.argsort(flat, stable=True)
-        bounds = torch.searchsorted(flat[order], torch.arange(self.num_local + 1, dtype=flat.dtype)).tolist()
+        experts = torch.arange(self.num_local + 1, dtype=flat.dtype, device=flat.device)
+        bounds = torch.searchsorted(flat[order], experts).tolist()
         token_of = order // ids.shape[1]
         weight_of = weights.flatten()[order]
         out = torch.zeros_like(x)

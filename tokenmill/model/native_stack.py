@@ -80,10 +80,11 @@ class NativeDecoderStack:
         self.unavailable = False    # some layer can never take the native loop: stop asking
 
     def _build(self) -> None:
-        m, cls = self.model, _stack_class()
+        m = self.model
         layers = [m.layers[i] for i in m.stage]
-        if cls is None or m.norm is None or not m.norm.native or not layers or len(layers) != len(m.layers) \
-                or not all(_layer_fits(layer) for layer in layers):
+        # (the layers first: on a GPU they never fit, and asking for the class would build the CPU kernels)
+        if m.norm is None or not m.norm.native or not layers or len(layers) != len(m.layers) \
+                or not all(_layer_fits(layer) for layer in layers) or (cls := _stack_class()) is None:
             self.unavailable = True
             return
         attns = [layer.self_attn for layer in layers]

@@ -58,9 +58,10 @@ class DraftModelProposer(_NoObservation):
         live = list(range(len(states)))
         for _ in range(max(budget)):
             batch = [states[i] for i in live]
-            input_ids, positions, md = varlen_batch(batch, start[live], ends[live] - start[live], self.block_size)
+            input_ids, positions, md = varlen_batch(batch, start[live], ends[live] - start[live], self.block_size,
+                                                    device=self.device)
             hidden = self.model(input_ids, positions, md)
-            last = torch.from_numpy(md.query_start_loc_np[1:] - 1)
+            last = torch.from_numpy(md.query_start_loc_np[1:] - 1).to(hidden.device)
             tokens = greedy_tokens(self.model.compute_logits(hidden[last])).tolist()
             for i, tok in zip(live, tokens):
                 drafts[i].append(tok)

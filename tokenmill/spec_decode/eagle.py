@@ -66,7 +66,7 @@ class EagleProposer:
             return
         n_arr = np.array(n, dtype=np.int64)
         input_ids, positions, md = varlen_batch(rows, np.array(start, dtype=np.int64), n_arr, self.block_size,
-                                                token_offset=1)
+                                                token_offset=1, device=self.device)
         out, next_feats = self.head(input_ids, torch.cat(feats), positions, md)
         for s, last, end in zip(rows, md.query_start_loc_np[1:] - 1, md.seq_lens_np):
             if end == s.num_tokens - 1:
@@ -88,7 +88,7 @@ class EagleProposer:
             for i in live:
                 states[i].write_drafts(drafts[i])
             input_ids, positions, md = varlen_batch(batch, pos[live], np.ones(len(live), dtype=np.int64),
-                                                    self.block_size, token_offset=1)
+                                                    self.block_size, token_offset=1, device=self.device)
             out_live, h_live = self.head(input_ids, h[live], positions, md)
             h[live] = h_live
             for i, tok in zip(live, self.head.draft(out_live).tolist()):

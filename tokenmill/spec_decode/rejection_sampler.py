@@ -77,8 +77,9 @@ def _greedy_accepts(drafts: list[int], targets: list[int]) -> int:
 def _sampled_accepts(drafts: list[int], probs: torch.Tensor, start: int, gen: torch.Generator | None) -> int:
     if not drafts:
         return 0
-    p_draft = probs[torch.arange(start, start + len(drafts)), torch.tensor(drafts)]
-    u = torch.rand(len(drafts), generator=gen)
+    p_draft = probs[torch.arange(start, start + len(drafts), device=probs.device),
+                    torch.tensor(drafts, device=probs.device)]
+    u = torch.rand(len(drafts), generator=gen, device=probs.device)
     accepted = (u < p_draft).tolist()
     a = 0
     while a < len(drafts) and accepted[a]:

@@ -11,12 +11,13 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[R, words] int32 -> [R, vocab_size] bool."""
-    bits = (bitmask.unsqueeze(-1) >> _SHIFTS) & 1
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS.to(bitmask.device)) & 1
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
 def apply_token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
-    allowed = allowed_tokens(bitmask, logits.shape[-1])
+    allowed = allowed_tokens(bitmask.to(logits.device), logits.shape[-1])
+    rows = rows.to(logits.device)
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 

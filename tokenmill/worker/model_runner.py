@@ -137,7 +137,7 @@ class ModelRunner:
             self.requests[rid].write_drafts(d)
         n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         start = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int64, count=len(states))
-        input_ids, positions, md = varlen_batch(states, start, n, self.block_size)
+        input_ids, positions, md = varlen_batch(states, start, n, self.block_size, device=self.device)
         qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
         num_tokens = np.fromiter((s.num_tokens for s in states), dtype=np.int64, count=len(states))
         sampling_rows = np.nonzero(seq_lens >= num_tokens)[0]
@@ -154,7 +154,7 @@ class ModelRunner:
         elif len(logits_indices) < len(input_ids) - 1 and self._only_logits_rows_used(states):
             # (a step where every token samples, as a decode step, has nothing to leave out)
             md.output_rows = torch.from_numpy(logits_indices if len(logits_indices) else
-                                              np.array([len(input_ids) - 1]))
+                                              np.array([len(input_ids) - 1])).to(self.device)
         return inp
 
     def _only_logits_rows_used(self, states: list[CachedRequestState]) -> bool:
@@ -176,7 +176,8 @@ class ModelRunner:
         total = int(qsl[-1])
         cuts = sorted({int(np.searchsorted(qsl[1:], total * k / parts)) + 1 for k in range(1, parts)} - {len(states)})
         bounds = [0, *cuts, len(states)]
-        return [(int(qsl[a]), int(qsl[b]), varlen_batch(states[a:b], start[a:b], n[a:b], self.block_size)[2])
+        return [(int(qsl[a]), int(qsl[b]), varlen_batch(states[a:b], start[a:b], n[a:b], self.block_size,
+                                                        device=self.device)[2])
                 for a, b in zip(bounds, bounds[1:])]
 
     def apply_output(self, out: ModelRunnerOutput) -> None:
@@ -257,10 +258,14 @@ class ModelRunner:
                 work.wait()
         return torch.cat(outputs) if pp.is_last and len(outputs) > 1 else (outputs[0] if outputs else None)
 
+    def _on_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        return t if self.device == "cpu" else t.to(self.device)
+
     def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         sampled = result.sampled_token_ids
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
-        logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+        logits = self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
         md = self._sampling_metadata(states)
         md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, 0) for s in states])
         out = self.sampler(logits, md)
@@ -279,7 +284,7 @@ class ModelRunner:
         """Drafts in this step: a logits row per draft and one more per request; the rejection sampler keeps
         what the target would have said."""
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
-        logits = self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+        logits = self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
         row_states = [s for s, d in zip(states, inp.draft_ids) for _ in range(len(d) + 1)]
         prefixes = [d[:j] for d in inp.draft_ids for j in range(len(d) + 1)]
         md = self._sampling_metadata(row_states, prefixes)
@@ -294,7 +299,7 @@ class ModelRunner:
             for state, toks, rows in zip(states, verified.token_ids, verified.rows):
                 k = state.sampling_params.logprobs
                 if k is not None:
-                    out = SamplerOutput(torch.tensor(toks))
+                    out = SamplerOutput(torch.tensor(toks, device=self.device))
                     gather_logprobs(verified.raw_logprobs[rows], out.sampled, k, out)
                     result.logprobs[state.req_id] = (out.logprob_token_ids.tolist(), out.logprobs.tolist(),
                                                      out.sampled_ranks.tolist())
@@ -314,7 +319,7 @@ class ModelRunner:
         if not pairs:
             return None
         logit_rows, mask_rows = zip(*pairs)
-        return torch.tensor(logit_rows), gb.bitmask[list(mask_rows)]
+        return torch.tensor(logit_rows), gb.bitmask[list(mask_rows)]   # (moved to the logits' device where applied)
 
     def _sampling_metadata(self, states: list[CachedRequestState],
                            draft_prefixes: list[list[int]] | None = None) -> SamplingMetadata:
@@ -322,23 +327,24 @@ class ModelRunner:
         output so far includes the drafts before it (penalties and min_tokens count them)."""
         extra = draft_prefixes or [[] for _ in states]
         sps = [s.sampling_params for s in states]
-        temperature = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32)
+        dev = self.device
+        temperature = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=dev)
         all_greedy = all(sp.greedy for sp in sps)
         md = SamplingMetadata(temperature=temperature, all_greedy=all_greedy)
         if not all_greedy:
             if any(sp.top_k > 0 for sp in sps):
-                md.top_k = torch.tensor([sp.top_k for sp in sps], dtype=torch.int64)
+                md.top_k = torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev)
             if any(sp.top_p < 1.0 for sp in sps):
-                md.top_p = torch.tensor([sp.top_p for sp in sps], dtype=torch.float32)
+                md.top_p = torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev)
             if any(sp.min_p > 0.0 for sp in sps):
-                md.min_p = torch.tensor([sp.min_p for sp in sps], dtype=torch.float32)
+                md.min_p = torch.tensor([sp.min_p for sp in sps], dtype=torch.float32, device=dev)
             md.generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
         wanted = [sp.logprobs for sp in sps if sp.logprobs is not None]
         md.max_num_logprobs = max(wanted) if wanted else None
         if any(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0 for sp in sps):
-            md.presence_penalty = torch.tensor([sp.presence_penalty for sp in sps], dtype=torch.float32)
-            md.frequency_penalty = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32)
-            md.repetition_penalty = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32)
+            md.presence_penalty = torch.tensor([sp.presence_penalty for sp in sps], dtype=torch.float32, device=dev)
+            md.frequency_penalty = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32, device=dev)
+            md.repetition_penalty = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev)
             md.prompt_token_ids = [s.token_buf[: s.num_prompt_tokens].tolist() for s in states]
             md.output_token_ids = [s.output_token_ids + e for s, e in zip(states, extra)]
         if any(sp.logit_bias for sp in sps):
@@ -356,7 +362,7 @@ class ModelRunner:
             if idx is not None:
                 self.model.compute_logits(hidden[idx])
         if inp.sampling_rows:
-            self.model.compute_logits(hidden[torch.from_numpy(inp.logits_indices)])
+            self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
 
     def _prompt_logprob_rows(self, inp: StepInputs):
         """(request, state, token rows, first position) for each request that asked for prompt logprobs and has
@@ -370,7 +376,8 @@ class ModelRunner:
             last_pos = min(int(seq_lens[row]), state.num_prompt_tokens - 1)   # positions scoring a prompt token
             if last_pos >= state.num_prompt_tokens - 1 or last_pos <= first_pos:
                 state.prompt_logprobs_sent = True
-            idx = torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos) if last_pos > first_pos else None
+            idx = (torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos, device=self.device)
+                   if last_pos > first_pos else None)
             yield rid, state, idx, first_pos
 
     def _pool(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
@@ -407,7 +414,7 @@ class ModelRunner:
                 result.prompt_logprobs[rid] = ([], [], [])
                 continue
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[idx]).float(), dim=-1)
-            targets = torch.from_numpy(state.token_buf[first_pos + 1: first_pos + 1 + len(idx)].copy())
+            targets = self._on_device(state.token_buf[first_pos + 1: first_pos + 1 + len(idx)].copy())
             out = SamplerOutput(targets)
             gather_logprobs(logprobs, targets, state.sampling_params.prompt_logprobs, out)
             result.prompt_logprobs[rid] = (out.logprob_token_ids.tolist(), out.logprobs.tolist(),

@@ -11,10 +11,10 @@ from tokenmill.worker.input_batch import CachedRequestState
 
 
 def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndarray, block_size: int,
-                 token_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+                 token_offset: int = 0, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Request i runs positions start[i] : start[i] + n[i], with start[i] + n[i] tokens of context, on the tokens
     its buffer holds there (or `token_offset` further on: an EAGLE head reads the next token at each position).
-    Returns input ids, positions and the attention metadata."""
+    Returns input ids, positions and the attention metadata, on `device` (built on the host, copied once)."""
     qsl = np.zeros(len(states) + 1, dtype=np.int64)
     np.cumsum(n, out=qsl[1:])
     req_idx = np.repeat(np.arange(len(states)), n)
@@ -31,4 +31,6 @@ def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndar
         slot_mapping=torch.from_numpy(slot_mapping), block_table=torch.from_numpy(block_table),
         query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
         query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()), max_seq_len=int(seq_lens.max()))
+    if device != "cpu":
+        return torch.from_numpy(input_ids).to(device), torch.from_numpy(positions).to(device), md.to(device)
     return torch.from_numpy(input_ids), torch.from_numpy(positions), md

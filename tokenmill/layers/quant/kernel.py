@@ -51,15 +51,17 @@ class QuantLinearKernel:
     the VNNI kernel, which reads the packed bytes once per call; larger ones on the tile matmul over dequantized
     panels (AMX up to QUANT_AMX_MAX_ROWS, then w^T dequantized a cache-sized piece at a time for oneDNN's bf16
     matmul; without AMX the vector matmul at any size). Elsewhere (fp32, odd shapes, no kernels) the weight is
-    kept dequantized in the model dtype and F.linear runs: the reference path."""
+    kept dequantized in the model dtype and F.linear runs: the reference path, and the one on CUDA (which has no
+    kernel here yet: its weights then take bf16's memory)."""
 
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
         self.out_features, self.in_features = qw.q.shape
         self.bits, self.group = qw.bits, qw.group
         self.bias = bias.detach().to(dtype) if bias is not None else None
         self.bias_f32 = self.bias.float() if self.bias is not None else None  # what the VNNI kernel adds
-        self.native = (dtype == torch.bfloat16 and self.out_features % _BLOCK == 0 and qw.group % 32 == 0
-                       and kernels.quant_kernels_available())
+        self.native = (torch.device(device).type == "cpu" and dtype == torch.bfloat16
+                       and self.out_features % _BLOCK == 0 and qw.group % 32 == 0 and kernels.quant_kernels_available())
         if self.native:
             self.q, self.scale, self.min = pack_for_kernels(qw)
             self.weight = None
@@ -68,7 +70,7 @@ class QuantLinearKernel:
             step = rows // _BLOCK
             self.chunks = [(b, min(b + step, blocks)) for b in range(0, blocks, step)]
         else:
-            self.weight = qw.dequantize().to(dtype)
+            self.weight = qw.dequantize().to(device, dtype)
         self.amx = self.native and kernels.amx_available()
         self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS_VEC[self.bits]
         self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else kernels.ANY_ROWS  # the most rows a native kernel takes

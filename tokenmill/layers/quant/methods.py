@@ -54,7 +54,7 @@ class Int8Method(UnquantizedMethod):
 
     def make_kernel(self, layer_name, weight, bias, quantized):
         qw = quantized if quantized is not None else quantize_int8(weight)
-        return QuantLinearKernel(qw, bias, weight.dtype)
+        return QuantLinearKernel(qw, bias, weight.dtype, weight.device)
 
     def lm_head(self) -> Int8Method:
         return self
@@ -75,7 +75,7 @@ class Int4Method(UnquantizedMethod):
             raise ValueError(f"--quantization-group-size {self.group_size} does not divide the input size {k} of "
                              f"{layer_name}; use a group size that divides every layer's input (32, 64 or 128)")
         qw = quantized if quantized is not None else quantize_int4(weight, self.group_size)
-        return QuantLinearKernel(qw, bias, weight.dtype)
+        return QuantLinearKernel(qw, bias, weight.dtype, weight.device)
 
     def lm_head(self) -> Int8Method:
         return Int8Method()
@@ -90,7 +90,7 @@ class GGUFMethod(UnquantizedMethod):
     def make_kernel(self, layer_name, weight, bias, quantized):
         if quantized is None:
             return super().make_kernel(layer_name, weight, bias, None)
-        return QuantLinearKernel(quantized, bias, weight.dtype)
+        return QuantLinearKernel(quantized, bias, weight.dtype, weight.device)
 
     def lm_head(self) -> GGUFMethod:
         return self
