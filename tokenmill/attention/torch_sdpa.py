@@ -3,9 +3,15 @@
 Decode rows (one new token) go through one batched gather + grouped-query matmul with no per-request
 loop (SDPA is pathological for q_len=1 on CPU); prompt rows use SDPA, causal on the fresh K/V when no
 prefix is cached, with an explicit mask over the gathered cache when one is.
+
+What the decode rows' index tensors and mask are is the same in every layer: they are made once a step (the
+step's plan). On a GPU that is also one host-to-device copy a step instead of three a layer, each of which
+made the host wait for every kernel queued before it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,25 +41,46 @@ class TorchSdpaBackend(AttentionBackend):
     def _decode(q, kv_cache, md, scale, rows: np.ndarray, out: torch.Tensor, scales=(1.0, 1.0),
                 window: int = 0) -> None:
         _, _, block_size, hkv, d = kv_cache.shape
-        seq_lens = md.seq_lens_np[rows]
-        max_blocks = int(-(-seq_lens.max() // block_size))
-        dev = q.device
-        token_idx = torch.from_numpy(md.query_start_loc_np[rows]).to(dev)
-        rows_t = torch.from_numpy(rows).to(dev)
-        blocks = md.block_table[rows_t, :max_blocks].long().reshape(-1)
+        plan = md.backend_plan.get("torch_sdpa")
+        if plan is None or plan.block_size != block_size:
+            plan = md.backend_plan["torch_sdpa"] = DecodePlan.make(md, rows, block_size, q.device)
         n = len(rows)
-        keys, vals = (dequantize_kv(kv_cache[i].index_select(0, blocks), scales[i], q.dtype)
-                      .view(n, max_blocks * block_size, hkv, d).transpose(1, 2) for i in (0, 1))
-        qg = q.index_select(0, token_idx).view(n, hkv, -1, d)           # [n, Hkv, G, D]
+        keys, vals = (dequantize_kv(kv_cache[i].index_select(0, plan.blocks), scales[i], q.dtype)
+                      .view(n, plan.max_blocks * block_size, hkv, d).transpose(1, 2) for i in (0, 1))
+        qg = q.index_select(0, plan.token_idx).view(n, hkv, -1, d)           # [n, Hkv, G, D]
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [n, Hkv, G, S]
-        pos = torch.arange(max_blocks * block_size, device=dev)
-        lens = torch.from_numpy(seq_lens).to(dev)[:, None]
-        invalid = pos[None, :] >= lens
+        invalid = plan.invalid
         if window:
-            invalid |= pos[None, :] < lens - window
+            invalid = invalid | (plan.pos[None, :] < plan.lens - window)
         scores.masked_fill_(invalid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(vals.dtype)
-        out.index_copy_(0, token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
+        out.index_copy_(0, plan.token_idx, torch.matmul(probs, vals).reshape(n, -1, d))
+
+
+@dataclass
+class DecodePlan:
+    """The decode rows' tensors every layer of a step reads: their query tokens, cache blocks (max_blocks a row,
+    row after row) and the mask of the key positions past each row's length."""
+
+    block_size: int
+    max_blocks: int
+    token_idx: torch.Tensor   # [n]
+    blocks: torch.Tensor      # [n * max_blocks] int64
+    pos: torch.Tensor         # [max_blocks * block_size]
+    lens: torch.Tensor        # [n, 1]
+    invalid: torch.Tensor     # [n, max_blocks * block_size] bool
+
+    @classmethod
+    def make(cls, md: AttentionMetadata, rows: np.ndarray, block_size: int, device: torch.device) -> DecodePlan:
+        n = len(rows)
+        seq_lens = md.seq_lens_np[rows]
+        max_blocks = int(-(-seq_lens.max() // block_size))
+        host = torch.from_numpy(np.concatenate([md.query_start_loc_np[rows], rows, seq_lens]).astype(np.int64))
+        packed = host.to(device)   # (one copy)
+        token_idx, rows_t, lens = packed[:n], packed[n:2 * n], packed[2 * n:, None]
+        table = md.block_table[:, :max_blocks] if n == md.num_reqs else md.block_table[rows_t, :max_blocks]
+        pos = torch.arange(max_blocks * block_size, device=device)
+        return cls(block_size, max_blocks, token_idx, table.long().reshape(-1), pos, lens, pos[None, :] >= lens)
 
 
 def prompt_row_kv(k, v, kv_cache, md, i: int, scales=(1.0, 1.0)) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:

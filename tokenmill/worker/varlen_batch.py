@@ -3,6 +3,8 @@ the draft model, which runs its own passes over the same block tables."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -32,5 +34,21 @@ def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndar
         query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
         query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()), max_seq_len=int(seq_lens.max()))
     if device != "cpu":
-        return torch.from_numpy(input_ids).to(device), torch.from_numpy(positions).to(device), md.to(device)
+        return _on_device(input_ids, positions, md, device)
     return torch.from_numpy(input_ids), torch.from_numpy(positions), md
+
+
+def _on_device(input_ids: np.ndarray, positions: np.ndarray, md: AttentionMetadata,
+               device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The step's arrays in one host-to-device copy (each copy from pageable memory waits for the device to
+    finish what is queued before it), viewed back as the tensors (the block table as int64 there)."""
+    arrays = [input_ids, positions, md.slot_mapping.numpy(), md.block_table.numpy(), md.query_start_loc_np,
+              md.seq_lens_np]
+    flat = torch.from_numpy(np.concatenate([a.ravel().astype(np.int64, copy=False) for a in arrays])).to(device)
+    views, offset = [], 0
+    for a in arrays:
+        views.append(flat[offset:offset + a.size].view(a.shape))
+        offset += a.size
+    ids, pos, slots, table, qsl, seq_lens = views
+    md = replace(md, slot_mapping=slots, block_table=table, query_start_loc=qsl, seq_lens=seq_lens)
+    return ids, pos, md

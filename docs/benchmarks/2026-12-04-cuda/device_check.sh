@@ -46,9 +46,11 @@ PY
         --output-json "$OUT/w1.json" 2>&1 | tail -6
     timeout 120 $TM latency --workload W2 --model $MODEL --kv-cache-memory 1GiB --num-iters 2 \
         --output-json "$OUT/w2.json" 2>&1 | tail -8
-    for w in W1 W2; do   # where a step's time goes (the forward's kernels run on while the host moves on)
+    for w in ${PROFILE:-W1 W2}; do   # where a step's time goes (the forward's kernels run on while the host moves on)
         timeout 150 $TM throughput --workload $w --model $MODEL --kv-cache-memory 4GiB --disable-tqdm --profile \
             2>&1 | tail -14
     done
-    [[ ${HF:-1} == 1 ]] && timeout 150 python3 docs/benchmarks/2026-12-04-cuda/hf_baseline.py "$MODEL" 2>&1 | tee "$OUT/hf.txt"
+    if [[ ${HF:-1} == 1 ]]; then
+        timeout 150 python3 docs/benchmarks/2026-12-04-cuda/hf_baseline.py "$MODEL" 2>&1 | tee "$OUT/hf.txt"
+    fi
 fi
