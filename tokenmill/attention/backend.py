@@ -33,13 +33,23 @@ class AttentionMetadata:
         return len(self.seq_lens_np)
 
     def to(self, device: str | torch.device) -> AttentionMetadata:
-        """The same step with its tensors on `device` (the host copies stay); itself where they are already."""
-        if self.slot_mapping.device == torch.device(device):
-            return self
-        return replace(self, slot_mapping=self.slot_mapping.to(device), block_table=self.block_table.to(device),
-                       query_start_loc=self.query_start_loc.to(device), seq_lens=self.seq_lens.to(device),
-                       output_rows=None if self.output_rows is None else self.output_rows.to(device),
-                       backend_plan={})
+        """The same step, built on the host, with its tensors on `device` (int64 there; the host copies stay)."""
+        slots, table, qsl, lens = host_arrays_to(device, *(t.numpy() for t in (
+            self.slot_mapping, self.block_table, self.query_start_loc, self.seq_lens)))
+        rows = None if self.output_rows is None else self.output_rows.to(device)
+        return replace(self, slot_mapping=slots, block_table=table, query_start_loc=qsl, seq_lens=lens,
+                       output_rows=rows, backend_plan={})
+
+
+def host_arrays_to(device: str | torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """Integer host arrays as int64 tensors on `device`, in one copy viewed back in their shapes: on a GPU each
+    copy from pageable memory waits for every kernel queued before it."""
+    flat = torch.from_numpy(np.concatenate([a.ravel().astype(np.int64, copy=False) for a in arrays])).to(device)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(flat[offset:offset + a.size].view(a.shape))
+        offset += a.size
+    return out
 
 
 class AttentionBackend:

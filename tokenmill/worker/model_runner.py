@@ -259,8 +259,7 @@ class ModelRunner:
         return torch.cat(outputs) if pp.is_last and len(outputs) > 1 else (outputs[0] if outputs else None)
 
     def _on_device(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        return t if self.device == "cpu" else t.to(self.device)
+        return torch.from_numpy(a).to(self.device)   # (on the CPU, the array itself)
 
     def _sample(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         sampled = result.sampled_token_ids

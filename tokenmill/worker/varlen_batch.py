@@ -3,12 +3,10 @@ the draft model, which runs its own passes over the same block tables."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
-from tokenmill.attention.backend import AttentionMetadata
+from tokenmill.attention.backend import AttentionMetadata, host_arrays_to
 from tokenmill.worker.input_batch import CachedRequestState
 
 
@@ -29,26 +27,10 @@ def varlen_batch(states: list[CachedRequestState], start: np.ndarray, n: np.ndar
         block_table[i, : len(s.block_ids)] = s.block_ids
     slot_mapping = block_table[req_idx, positions // block_size].astype(np.int64) * block_size + positions % block_size
     seq_lens = start + n
-    md = AttentionMetadata(
-        slot_mapping=torch.from_numpy(slot_mapping), block_table=torch.from_numpy(block_table),
-        query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
-        query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()), max_seq_len=int(seq_lens.max()))
-    if device != "cpu":
-        return _on_device(input_ids, positions, md, device)
-    return torch.from_numpy(input_ids), torch.from_numpy(positions), md
-
-
-def _on_device(input_ids: np.ndarray, positions: np.ndarray, md: AttentionMetadata,
-               device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """The step's arrays in one host-to-device copy (each copy from pageable memory waits for the device to
-    finish what is queued before it), viewed back as the tensors (the block table as int64 there)."""
-    arrays = [input_ids, positions, md.slot_mapping.numpy(), md.block_table.numpy(), md.query_start_loc_np,
-              md.seq_lens_np]
-    flat = torch.from_numpy(np.concatenate([a.ravel().astype(np.int64, copy=False) for a in arrays])).to(device)
-    views, offset = [], 0
-    for a in arrays:
-        views.append(flat[offset:offset + a.size].view(a.shape))
-        offset += a.size
-    ids, pos, slots, table, qsl, seq_lens = views
-    md = replace(md, slot_mapping=slots, block_table=table, query_start_loc=qsl, seq_lens=seq_lens)
+    arrays = (input_ids, positions, slot_mapping, block_table, qsl, seq_lens)
+    tensors = [torch.from_numpy(a) for a in arrays] if device == "cpu" else host_arrays_to(device, *arrays)
+    ids, pos, slots, table, qsl_t, lens = tensors
+    md = AttentionMetadata(slot_mapping=slots, block_table=table, query_start_loc=qsl_t, seq_lens=lens,
+                           query_start_loc_np=qsl, seq_lens_np=seq_lens, max_query_len=int(n.max()),
+                           max_seq_len=int(seq_lens.max()))
     return ids, pos, md
