@@ -286,3 +286,22 @@ def test_the_server_caps_prompt_tokens_while_decoding_by_default_and_offline_doe
     assert EngineArgs().create_engine_config().scheduler_config.prefill_tokens_while_decoding == 0
     with pytest.raises(ValueError, match="prefill_tokens_while_decoding must be 0 .no cap. or positive, got -1"):
         EngineArgs(prefill_tokens_while_decoding=-1).create_engine_config()
+
+
+def test_a_prompt_waits_until_all_of_it_fits():
+    """With room for its first chunk but not its whole prompt, a request waits: admitted on the chunk's room, its
+    later chunks would take the running request's blocks and preempt it. It starts once the blocks are back."""
+    s = make_scheduler(num_blocks=8, budget=8, max_seqs=4)
+    add(s, "first", 16, max_tokens=4)          # 4 blocks of 4 tokens, 5 once it decodes
+    runner = FakeRunner()
+    for _ in range(2):                         # its prompt in two chunks of 8
+        so = s.schedule()
+        s.update_from_output(so, runner(so, s))
+    add(s, "long", 16, max_tokens=4, base=300)  # needs 4 blocks: 3 are free, its first 8-token chunk needs 2
+    so = s.schedule()
+    assert set(so.num_scheduled_tokens) == {"first"} and s.kv_cache_manager.pool.num_free_blocks == 3
+    s.update_from_output(so, runner(so, s))
+    seen = set()
+    outputs = run_to_completion(s, runner, check=lambda so: seen.update(so.preempted_req_ids))
+    assert not seen and s.num_preemptions == 0
+    assert {o.request_id for o in outputs if o.finished} == {"first", "long"}

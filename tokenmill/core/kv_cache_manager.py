@@ -50,6 +50,13 @@ class KVCacheManager:
         self.stats.hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
+    def has_room(self, request: Request, computed_blocks: list[KVCacheBlock]) -> bool:
+        """Whether the free blocks hold all of a request that is not running yet (its prompt, or everything it had
+        when it was preempted), beyond the cached blocks it starts from."""
+        num_needed = cdiv(request.num_tokens, self.block_size) - len(computed_blocks)
+        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        return num_needed <= self.pool.num_free_blocks - num_evictable_hits
+
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
                        num_new_computed_tokens: int = 0, num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:

@@ -3,7 +3,8 @@
 There are no phases, only counters: each step every running request is handed
 `num_tokens - num_computed_tokens` tokens (capped by the budget), so decodes, prompt chunks and
 recomputation after preemption all fall out of the same loop. Running requests go first, then waiting
-ones while budget, sequence slots and KV blocks last. While some requests decode, the prompt tokens of a step
+ones while budget, sequence slots and free KV blocks for the whole of each last (a prompt is admitted a chunk at
+a time, but only once all of it fits). While some requests decode, the prompt tokens of a step
 are capped (prefill_tokens_while_decoding), so a decode never waits behind a whole budget of prompt work (a
 2,048-token chunk is ~0.8 s on 2 cores; W4's inter-token p99 was that step). When blocks run out, the
 lowest-priority (or newest) running request is preempted: its blocks go back and it is recomputed later; nothing
@@ -181,6 +182,10 @@ class Scheduler:
                 break
             num_new = min(self._prompt_chunk(num_new), budget, prompt_budget)
             if num_new <= 0:
+                break
+            # the whole request must fit, not only its first chunk: admitted on a chunk's room, its later chunks
+            # take running requests' blocks by preempting them (W5: 24 preemptions against 21)
+            if not kv.has_room(req, computed_blocks):
                 break
             if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
                                  self.config.num_lookahead_tokens) is None:
