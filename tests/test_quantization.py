@@ -150,7 +150,7 @@ def test_quant_tile_gemm_matches_the_dequantized_weight(op, bits, group, rows):
     """The tile matmul over dequantized panels, on AMX or on vectors. Per-channel int8 multiplies its integers
     exactly and scales the fp32 sums: bf16 output rounding only. Groups (int4, GGUF's Q8_0-like 8 bits in 32s)
     multiply the weights rounded to bf16, as the dequantized path. 1,000 rows take the vector matmul several
-    passes, the later ones over the panels the first one kept."""
+    passes over the weights."""
     if op == "quant_amx_gemm" and not kernels.amx_available():
         pytest.skip("the quantized AMX matmul needs AMX")
     n, k = 96, 576

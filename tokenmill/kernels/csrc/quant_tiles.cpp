@@ -13,18 +13,12 @@
 //  - groups (int4, GGUF blocks): the panel holds bf16(scale * q + min), what the dequantized reference path
 //    multiplies.
 // Gated (an MLP's gate over up), the epilogue writes silu(gate) * up as the bf16 matmul does.
-//
-// The vector loop makes passes over the rows (a pass's rows of x stay in L2): with more than one pass, each thread
-// dequantizes its panels once per call into a kept buffer that the later passes read (a 2,048-row prompt chunk
-// dequantized every panel 5-13 times before: int8 took 1.029x bf16's time over the 120 linears of a SmolLM2
-// step, 29 ms; kept: 1.016x).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include "native_ops.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -67,34 +61,15 @@ void dequantize_panel(const QuantView& w, int64_t nb, bool integers, uint16_t* o
   }
 }
 
-// Most bytes of kept panels a thread holds (a SmolLM2 gate/up: 1.8 MB a thread); past it (a vocabulary-wide head
-// over many rows) each pass dequantizes again.
-constexpr int64_t kKeptBytes = 4 << 20;
-
-// The panels of amx_gemm.h's loop, dequantized as the loop reaches them: into the thread's two slots, or, with
-// `kept`, once per call into the place of this thread's block there (blocks [2 p0, 2 p1), gated [p0, p1) and
-// the up blocks half further), where later passes find them.
+// The panels of amx_gemm.h's loop, dequantized as the loop reaches them into the thread's two slots.
 struct QuantPanels {
   const QuantView& w;
   bool integers;
   uint16_t* slot[2];
-  uint16_t* kept = nullptr;
-  uint8_t* ready = nullptr;
-  int64_t p0 = 0, p1 = 0, half = 0;
-  bool gated = false;
 
   const char* panel(int64_t nb, int s) {
-    if (!kept) {
-      dequantize_panel(w, nb, integers, slot[s]);
-      return reinterpret_cast<const char*>(slot[s]);
-    }
-    const int64_t i = !gated ? nb - 2 * p0 : nb < half ? nb - p0 : (p1 - p0) + (nb - half - p0);
-    uint16_t* at = kept + i * w.k * kBlockN;
-    if (!ready[i]) {
-      dequantize_panel(w, nb, integers, at);
-      ready[i] = 1;
-    }
-    return reinterpret_cast<const char*>(at);
+    dequantize_panel(w, nb, integers, slot[s]);
+    return reinterpret_cast<const char*>(slot[s]);
   }
   void next_bytes(int64_t nb, NextPanels& next) const {  // the packed bytes and the scales (minima: few)
     next.add(w.q + nb * w.block_bytes(), w.block_bytes());
@@ -109,12 +84,11 @@ struct QuantPanels {
 
 // Either matmul: the arguments checked, the output made, and each thread's block pairs [p0, p1) handed to
 // `loop(panels, x, m, m_x, k, bias, y, p0, p1)` with its own two panel slots (64-byte aligned). x goes as
-// `prepare` returns it (AMX pads its rows to whole tiles: m_x is that tensor's row count, m the real one). With
-// `passes` over the rows above one, the panels are kept between passes (up to kKeptBytes a thread).
+// `prepare` returns it (AMX pads its rows to whole tiles: m_x is that tensor's row count, m the real one).
 template <class Prepare, class Loop>
 at::Tensor quant_tile_gemm(const char* name, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                            const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
-                           int64_t group, int64_t n, bool gated, int64_t passes, Prepare prepare, Loop loop) {
+                           int64_t group, int64_t n, bool gated, Prepare prepare, Loop loop) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x must be bf16 [M, K]");
   const int64_t m = x.size(0), k = x.size(1);
   const QuantView w = view_of(q, scale, min, bits, group, n, k);
@@ -131,22 +105,12 @@ at::Tensor quant_tile_gemm(const char* name, const at::Tensor& x, const at::Tens
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const bool integers = bits == 8 && group == k;
-  const int64_t blocks = n / kTileN, pairs = gated ? blocks / 2 : (blocks + 1) / 2;
+  const int64_t pairs = gated ? n / kTileN / 2 : (n / kTileN + 1) / 2;
   at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    // this worker's own: two panel slots, then the kept panels, 64-byte aligned
-    thread_local std::vector<uint16_t> buffer;
-    thread_local std::vector<uint8_t> ready;
-    const int64_t panel = k * kTileN, count = gated ? 2 * (p1 - p0) : std::min(2 * p1, blocks) - 2 * p0;
-    const bool keep = passes > 1 && count * panel * 2 <= kKeptBytes;
-    buffer.resize((keep ? 2 + count : 2) * panel + 32);
+    thread_local std::vector<uint16_t> buffer;  // this worker's own: two panels, 64-byte aligned
+    buffer.resize(2 * k * kTileN + 32);
     auto* base = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
-    QuantPanels panels{w, integers, {base, base + panel}};
-    if (keep) {
-      ready.assign(count, 0);
-      panels.kept = base + 2 * panel;
-      panels.ready = ready.data();
-      panels.p0 = p0, panels.p1 = p1, panels.half = blocks / 2, panels.gated = gated;
-    }
+    QuantPanels panels{w, integers, {base, base + k * kTileN}};
     loop(panels, xp, m, xc.size(0), k, bp, yp, p0, p1);
   });
   return y;
@@ -157,9 +121,7 @@ at::Tensor quant_tile_gemm(const char* name, const at::Tensor& x, const at::Tens
 at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated) {
-  const int64_t m = x.dim() == 2 ? x.size(0) : 0, k = x.dim() == 2 ? x.size(1) : 1;
-  const int64_t chunk = m > 0 ? vec_chunk(m, k) : 1;
-  return quant_tile_gemm("quant_vec_gemm", x, q, scale, min, bias, bits, group, n, gated, (m + chunk - 1) / chunk,
+  return quant_tile_gemm("quant_vec_gemm", x, q, scale, min, bias, bits, group, n, gated,
                          [](const at::Tensor& t) { return t.contiguous(); },
                          [&](QuantPanels& panels, const uint16_t* xp, int64_t m, int64_t, int64_t k, const float* bp,
                              uint16_t* yp, int64_t p0, int64_t p1) {
@@ -173,7 +135,7 @@ at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
                           const c10::optional<at::Tensor>& min, const c10::optional<at::Tensor>& bias, int64_t bits,
                           int64_t group, int64_t n, bool gated) {
   TORCH_CHECK(tokenmill_amx::permitted(), "quant_amx_gemm: this CPU or kernel does not allow AMX");
-  return quant_tile_gemm("quant_amx_gemm", x, q, scale, min, bias, bits, group, n, gated, 1,
+  return quant_tile_gemm("quant_amx_gemm", x, q, scale, min, bias, bits, group, n, gated,
                          [](const at::Tensor& t) { return padded_rows(t); },
                          [&](QuantPanels& panels, const uint16_t* xp, int64_t m, int64_t m_pad, int64_t k,
                              const float* bp, uint16_t* yp, int64_t p0, int64_t p1) {

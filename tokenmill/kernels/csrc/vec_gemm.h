@@ -6,8 +6,7 @@
 // A panel's row for k pair p is 64 bytes, 16 outputs x 2 k, so one `vdpbf16ps` against a row of x's pair
 // (broadcast) advances 16 outputs by two inputs. A register tile is kVecRows rows x a pair of blocks (24 fp32
 // accumulators); the pair's panels (2 x K x 16 bf16) stay in L2 while every row tile of a pass of x (rows that
-// fill a quarter of L2) goes over them (a quantized weight is dequantized in the first pass and kept for the
-// others: quant_tiles.cpp).
+// fill a quarter of L2) goes over them, so a quantized weight is dequantized once per pass.
 #pragma once
 
 #include <immintrin.h>
