@@ -290,7 +290,8 @@ def test_the_server_caps_prompt_tokens_while_decoding_by_default_and_offline_doe
 
 def test_a_prompt_waits_until_all_of_it_fits():
     """With room for its first chunk but not its whole prompt, a request waits: admitted on the chunk's room, its
-    later chunks would take the running request's blocks and preempt it. It starts once the blocks are back."""
+    later chunks would find no free blocks and a preemption would throw work away. It starts once the blocks are
+    back, and nothing is preempted."""
     s = make_scheduler(num_blocks=8, budget=8, max_seqs=4)
     add(s, "first", 16, max_tokens=4)          # 4 blocks of 4 tokens, 5 once it decodes
     runner = FakeRunner()

@@ -50,12 +50,16 @@ class KVCacheManager:
         self.stats.hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
+    def _fits(self, num_needed: int, computed_blocks: list[KVCacheBlock]) -> bool:
+        """Whether num_needed new blocks are free besides the cached blocks about to be taken: cached blocks with no
+        owner sit in the free queue, so taking them uses up free blocks too."""
+        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        return num_needed <= self.pool.num_free_blocks - num_evictable_hits
+
     def has_room(self, request: Request, computed_blocks: list[KVCacheBlock]) -> bool:
         """Whether the free blocks hold all of a request that is not running yet (its prompt, or everything it had
         when it was preempted), beyond the cached blocks it starts from."""
-        num_needed = cdiv(request.num_tokens, self.block_size) - len(computed_blocks)
-        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
-        return num_needed <= self.pool.num_free_blocks - num_evictable_hits
+        return self._fits(cdiv(request.num_tokens, self.block_size) - len(computed_blocks), computed_blocks)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
@@ -66,9 +70,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = cdiv(total_tokens + num_lookahead_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
-        # cached blocks with no owner sit in the free queue: taking them uses up free blocks too
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if max(num_needed, 0) > self.pool.num_free_blocks - num_evictable_hits:
+        if not self._fits(max(num_needed, 0), new_computed_blocks):
             if not blocks:
                 del self.req_to_blocks[request.request_id]
             return None

@@ -184,7 +184,7 @@ class Scheduler:
             if num_new <= 0:
                 break
             # the whole request must fit, not only its first chunk: admitted on a chunk's room, its later chunks
-            # take running requests' blocks by preempting them (W5: 24 preemptions against 21)
+            # find no free blocks, and preemption throws computed work away (W5: 24 preemptions against 21)
             if not kv.has_room(req, computed_blocks):
                 break
             if kv.allocate_slots(req, num_new, computed_blocks, num_computed,
