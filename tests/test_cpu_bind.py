@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tokenmill.config import EngineArgs
+from tokenmill.engine.create_config import create_engine_config
 from tokenmill.platform import one_cpu_per_core, parse_cpu_list
 
 
@@ -23,7 +24,7 @@ def test_parse_cpu_list():
 
 def test_bad_cpu_bind_is_a_clear_error():
     with pytest.raises(ValueError, match="cpu_bind"):
-        EngineArgs(cpu_bind="all").create_engine_config()
+        create_engine_config(EngineArgs(cpu_bind="all"))
 
 
 def test_one_cpu_per_core_is_an_ordered_subset():
@@ -91,7 +92,8 @@ def test_server_threads_leave_the_engine_host_cpu():
             "from tokenmill.entrypoints.openai.server import keep_off_engine_host_cpus; "
             "from tokenmill.platform import engine_host_cpus; "
             "ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.bind('inproc://x'); "
-            "config = EngineArgs().create_engine_config(); "
+            "from tokenmill.engine.create_config import create_engine_config; "
+            "config = create_engine_config(EngineArgs()); "
             "keep_off_engine_host_cpus(types.SimpleNamespace(client=types.SimpleNamespace(config=config))); "
             "masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')]; "
             "print(json.dumps([engine_host_cpus('auto', 1), masks]))")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -218,12 +219,14 @@ def test_runtime_updates_are_off_by_default():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from tokenmill.entrypoints.openai.errors import APIError, error_response
-    from tokenmill.entrypoints.openai.serving_models import add_lora_routes, parse_lora_modules
+    from tokenmill.entrypoints.openai.errors import add_exception_handlers
+    from tokenmill.entrypoints.openai.routes import admin
+    from tokenmill.entrypoints.openai.serving_models import parse_lora_modules
 
     app = FastAPI()
-    app.add_exception_handler(APIError, lambda _, e: error_response(e.status, e.message, e.param))
-    add_lora_routes(app, None, allow_updating=False)
+    add_exception_handlers(app)
+    app.include_router(admin.router)
+    app.state.parts = SimpleNamespace(allow_runtime_lora_updating=False, ctx=None)
     r = TestClient(app).post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
     assert r.status_code == 404 and "--allow-runtime-lora-updating" in r.json()["error"]["message"]
     assert [(m.name, m.path) for m in parse_lora_modules(["a=/x", '{"name": "b", "path": "/y"}'])] == \

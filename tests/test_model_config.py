@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import MistralConfig, Qwen2Config
 
-from tokenmill.model.llama import sliding_window_of
+from tokenmill.model.llama_layers import sliding_window_of
 from tokenmill.model.model_config import model_max_len, resolve_dtype
 
 

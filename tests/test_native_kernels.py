@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import amx_available, native_kernels_for
-from tokenmill.layers.linear import SKINNY_MAX_ROWS, PackedWeight
+from tokenmill.layers.packed_weight import SKINNY_MAX_ROWS, PackedWeight
 from tokenmill.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not native_kernels_for(torch.zeros(1, dtype=torch.bfloat16)),

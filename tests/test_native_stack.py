@@ -95,7 +95,7 @@ def test_bf16_batches_past_the_tile_kernels_match_too(tiny_model_dir, stack_call
     """136 requests at once: past the skinny matmul's 8 rows the stack's bf16 linears take the tile matmul (AMX's
     up to 128 rows, then oneDNN on the prepacked weight; without AMX the vectors' at any size), as the Python
     layers do, so decode steps of any batch are one native call."""
-    from tokenmill.layers.linear import AMX_MAX_ROWS
+    from tokenmill.layers.packed_weight import AMX_MAX_ROWS
 
     llm = LLM(str(tiny_model_dir(family)), dtype="bfloat16", kv_cache_memory="32MiB", enable_prefix_caching=False,
               max_num_seqs=256)

@@ -19,6 +19,7 @@ from conftest import assert_greedy_matches, hf_greedy
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import EngineArgs
+from tokenmill.engine.create_config import create_engine_config
 
 NEW_TOKENS = 16
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -52,7 +53,7 @@ def _hf(folder):
 ])
 def test_bad_layout_is_a_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        EngineArgs(**kwargs).create_engine_config()
+        create_engine_config(EngineArgs(**kwargs))
 
 
 def test_expert_parallel_must_divide_the_experts():

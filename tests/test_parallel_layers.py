@@ -14,7 +14,7 @@ from tokenmill.distributed.parallel_state import GroupInfo
 from tokenmill.layers.linear import Linear, MergedLinear
 from tokenmill.layers.quant.methods import GGUFMethod
 from tokenmill.layers.quant.tensor import quantize_int4
-from tokenmill.model.llama import qkv_rank_rows
+from tokenmill.model.llama_layers import qkv_rank_rows
 from tokenmill.platform import rank_cpus
 
 

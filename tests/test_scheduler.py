@@ -274,6 +274,7 @@ def test_the_server_caps_prompt_tokens_while_decoding_by_default_and_offline_doe
     from tokenmill.cli.args import engine_args_from
     from tokenmill.cli.main import build_parser
     from tokenmill.config import SERVER_PREFILL_TOKENS_WHILE_DECODING, EngineArgs
+    from tokenmill.engine.create_config import create_engine_config
     from tokenmill.entrypoints.openai.server import server_engine_args
 
     def served(*flags: str) -> int:
@@ -283,9 +284,9 @@ def test_the_server_caps_prompt_tokens_while_decoding_by_default_and_offline_doe
     assert served() == SERVER_PREFILL_TOKENS_WHILE_DECODING > 0
     assert served("--prefill-tokens-while-decoding", "0") == 0
     assert served("--prefill-tokens-while-decoding", "96") == 96
-    assert EngineArgs().create_engine_config().scheduler_config.prefill_tokens_while_decoding == 0
+    assert create_engine_config(EngineArgs()).scheduler_config.prefill_tokens_while_decoding == 0
     with pytest.raises(ValueError, match="prefill_tokens_while_decoding must be 0 .no cap. or positive, got -1"):
-        EngineArgs(prefill_tokens_while_decoding=-1).create_engine_config()
+        create_engine_config(EngineArgs(prefill_tokens_while_decoding=-1))
 
 
 def test_a_prompt_waits_until_all_of_it_fits():

@@ -13,6 +13,7 @@ import signal
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq
@@ -43,6 +44,47 @@ def _watch_process(pid: int | None):
         return None
 
 
+@dataclass
+class _Intake:
+    """What one pass over the input socket brought: requests that could not be added fail alone (their errors go
+    out with the next outputs), a state request, or the order to stop."""
+
+    had_input: bool = False
+    state_asked: bool = False
+    shutdown: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+_decode_request = msgspec.msgpack.Decoder(EngineCoreRequest).decode
+_decode_ids = msgspec.msgpack.Decoder(list[str]).decode
+
+
+def _take_messages(inp, core) -> _Intake:
+    """Every message waiting on the engine core's input socket, without blocking."""
+    intake = _Intake()
+    while True:
+        try:
+            kind, payload = inp.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return intake
+        intake.had_input = True
+        if kind == SHUTDOWN:
+            intake.shutdown = True
+            return intake
+        if kind == ADD:
+            req = _decode_request(payload)
+            try:
+                core.add_request(req)
+            except Exception as e:  # noqa: BLE001 - one bad request fails alone, never the engine
+                if not isinstance(e, ValueError):
+                    logger.exception("request %s could not be added", req.request_id)
+                intake.errors[req.request_id] = str(e)
+        elif kind == ABORT:
+            core.abort_requests(_decode_ids(payload))
+        elif kind == STATE:
+            intake.state_asked = True
+
+
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api_pid: int | None = None) -> None:
     """Entry point of the engine-core process: load the model, then the busy loop. It stops when the API
     server (`api_pid`) exits, even killed: forked from a fork server, its parent is that server, not the API."""
@@ -61,66 +103,40 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, api
     core = EngineCore(config)
     out.send_multipart([READY, b""])
     encoder = msgspec.msgpack.Encoder()
-    decode_req = msgspec.msgpack.Decoder(EngineCoreRequest).decode
-    decode_ids = msgspec.msgpack.Decoder(list[str]).decode
     parent = os.getppid()
-    poller = zmq.Poller()
-    poller.register(inp, zmq.POLLIN)
     api_exit = _watch_process(api_pid)
-    if api_exit is not None:
-        poller.register(api_exit, zmq.POLLIN)
     kv_socket = core.kv_connector.socket if core.kv_connector is not None else None
-    if kv_socket is not None:   # a prefill instance wakes for KV pulls as for requests
-        poller.register(kv_socket, zmq.POLLIN)
+    poller = zmq.Poller()
+    # a prefill instance wakes for KV pulls as for requests
+    for waited in (inp, api_exit, kv_socket):
+        if waited is not None:
+            poller.register(waited, zmq.POLLIN)
     prefaulting = True
     try:
         while True:
-            if os.getppid() != parent:   # the API server is gone (a parallel engine is not a daemon process)
-                logger.error("the API server process exited: stopping the engine")
-                return
             busy = core.has_unfinished_requests()
-            errors: dict[str, str] = {}
-            had_input = state_asked = False
             ready = dict(poller.poll(0 if busy or prefaulting else _IDLE_POLL_MS))
-            if api_exit is not None and api_exit in ready:
+            # the API server is gone (a parallel engine is not a daemon process, so its parent check counts too)
+            if os.getppid() != parent or (api_exit is not None and api_exit in ready):
                 logger.error("the API server process exited: stopping the engine")
                 return
             if kv_socket is not None and kv_socket in ready:
                 core.serve_kv()
-            if inp in ready:
-                while True:
-                    try:
-                        kind, payload = inp.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    had_input = True
-                    if kind == SHUTDOWN:
-                        return
-                    if kind == ADD:
-                        req = decode_req(payload)
-                        try:
-                            core.add_request(req)
-                        except Exception as e:  # noqa: BLE001 - one bad request fails alone, never the engine
-                            if not isinstance(e, ValueError):
-                                logger.exception("request %s could not be added", req.request_id)
-                            errors[req.request_id] = str(e)
-                    elif kind == ABORT:
-                        core.abort_requests(decode_ids(payload))
-                    elif kind == STATE:
-                        state_asked = True
+            intake = _take_messages(inp, core) if inp in ready else _Intake()
+            if intake.shutdown:
+                return
             if core.has_unfinished_requests():
                 outputs = core.step()
-                outputs.errors.update(errors)
-                if state_asked:
+                outputs.errors.update(intake.errors)
+                if intake.state_asked:
                     outputs.state = core.snapshot()
                 out.send_multipart([b"OUT", encoder.encode(outputs)])
-            elif not had_input:
+            elif not intake.had_input:
                 prefaulting = core.prefault_idle_kv()   # idle: the KV cache's next untouched pages
             else:
-                stats = core.scheduler.make_stats()
                 out.send_multipart([b"OUT", encoder.encode(EngineCoreOutputs(
-                    scheduler_stats=stats, errors=errors, timestamp=time.time(),
-                    state=core.snapshot() if state_asked else None))])
+                    scheduler_stats=core.scheduler.make_stats(), errors=intake.errors, timestamp=time.time(),
+                    state=core.snapshot() if intake.state_asked else None))])
     finally:
         core.shutdown()
         if api_exit is not None:

@@ -74,7 +74,7 @@ class EngineCore:
         self.config = config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         if executor is None:
-            from tokenmill.executor.base import make_executor
+            from tokenmill.executor.factory import make_executor
 
             executor = make_executor(config)
         self.executor = executor

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenmill.config import EngineArgs
+from tokenmill.engine.create_config import create_engine_config
 from tokenmill.engine.engine_core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptType, child_params
 from tokenmill.engine.output_processor import OutputProcessor
@@ -24,7 +25,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs: Any):
         self.engine_args = EngineArgs.from_kwargs(model=model, **kwargs)
-        self.config = self.engine_args.create_engine_config()
+        self.config = create_engine_config(self.engine_args)
         self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
         self.engine_core = EngineCore(self.config)
         self.input_processor = InputProcessor(self.config.model_config, self.tokenizer)

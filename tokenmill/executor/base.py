@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 
 
@@ -17,19 +16,3 @@ class Executor:
 
     def shutdown(self) -> None:
         pass
-
-
-def make_executor(config: EngineConfig) -> Executor:
-    """In-process for one rank; rank processes (`mp`) or Ray actors (`ray`) for tensor or pipeline parallel."""
-    backend = config.parallel_config.backend
-    if backend == "uni":
-        from tokenmill.executor.uniproc import UniprocExecutor
-
-        return UniprocExecutor(config)
-    if backend == "ray":
-        from tokenmill.executor.ray_executor import RayExecutor
-
-        return RayExecutor(config)
-    from tokenmill.executor.multiproc import MultiprocExecutor
-
-    return MultiprocExecutor(config)

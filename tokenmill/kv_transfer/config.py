@@ -74,23 +74,6 @@ def parse_kv_transfer_config(value: str | dict | None) -> KVTransferConfig | Non
     return KVTransferConfig(connector, role, ip, port, float(timeout))
 
 
-def kv_layout(config) -> dict[str, Any]:
-    """What a block means on this instance: blocks move between instances only when these are all equal."""
-    from tokenmill.attention.ops import kv_storage_dtype
-    from tokenmill.model.loader import DTYPES
-
-    m, c = config.model_config, config.cache_config
-    storage = kv_storage_dtype(c.cache_dtype, DTYPES[m.dtype])
-    return {"model": m.served_model_name, "num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads,
-            "head_dim": m.head_dim, "block_size": c.block_size, "kv_dtype": str(storage).removeprefix("torch.")}
-
-
-def layout_mismatch(ours: dict, theirs: dict) -> str | None:
-    """None when blocks can move; else a sentence naming every field that differs."""
-    diff = [f"{k} {theirs.get(k)!r} vs {ours.get(k)!r}" for k in ours if theirs.get(k) != ours.get(k)]
-    return "; ".join(diff) or None
-
-
 def check_kv_transfer_params(params: Any) -> dict | None:
     """A request's kv_transfer_params (vLLM's field): {"remote_address": "tcp://host:port"} on a decode instance."""
     if params is None:

@@ -28,7 +28,8 @@ import zmq
 
 from tokenmill.core.block_hash import BlockHash
 from tokenmill.core.block_pool import BlockPool
-from tokenmill.kv_transfer.config import KVTransferConfig, kv_layout, layout_mismatch
+from tokenmill.kv_transfer.config import KVTransferConfig
+from tokenmill.kv_transfer.layout import kv_layout, layout_mismatch
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)

@@ -30,7 +30,8 @@ from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.layers.linear import Embedding, Linear, MergedLinear, RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.layers.sampler import greedy_tokens
-from tokenmill.model.llama import LlamaDecoderLayer, load_stacked_weights
+from tokenmill.model.llama import load_stacked_weights
+from tokenmill.model.llama_layers import LlamaDecoderLayer
 from tokenmill.model.model_config import head_dim_of
 
 

@@ -20,6 +20,7 @@ from tokenmill.config import num_experts_of
 from tokenmill.distributed.comm import tp_all_reduce
 from tokenmill.distributed.parallel_state import expert_parallel_enabled, get_tp
 from tokenmill.layers.linear import Linear, split_size
+from tokenmill.model.llama_mlp import LlamaMLP
 
 _EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 # checkpoint projection -> (stacked tensor, part): gate and up stack into w13, down is w2
@@ -98,8 +99,6 @@ class FusedExperts(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, cfg):
-        from tokenmill.model.llama import LlamaMLP
-
         super().__init__()
         self.top_k = cfg.num_experts_per_tok
         self.renormalize = cfg.model_type == "mixtral" or bool(getattr(cfg, "norm_topk_prob", False))

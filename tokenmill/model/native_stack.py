@@ -39,7 +39,7 @@ def _stack_class():
 
 def _linear_spec(linear) -> tuple | None:
     """The native loop's description of one linear layer, with the most rows it takes; None where it cannot."""
-    from tokenmill.layers.linear import PackedWeight
+    from tokenmill.layers.packed_weight import PackedWeight
     from tokenmill.layers.quant.kernel import QuantLinearKernel
 
     if linear.lora is not None or linear.parallel is not None:
@@ -58,7 +58,8 @@ def _layer_fits(layer) -> bool:
     """A decoder layer whose Python path the native loop mirrors: the fused rope-and-cache attention on the CPU
     backend with full attention, a dense SiLU MLP, the native norms."""
     from tokenmill.attention.cpu import CpuPagedBackend
-    from tokenmill.model.llama import LlamaDecoderLayer, LlamaMLP
+    from tokenmill.model.llama_layers import LlamaDecoderLayer
+    from tokenmill.model.llama_mlp import LlamaMLP
 
     if not isinstance(layer, LlamaDecoderLayer):
         return False

@@ -99,7 +99,7 @@ class BackendPool:
     def pairing_problem(self, backend: Backend) -> str | None:
         """Why a prefill or decode instance cannot take part (wrong role, another KV layout), or None. The first
         instance seen sets the layout the others must match."""
-        from tokenmill.kv_transfer.config import layout_mismatch
+        from tokenmill.kv_transfer.layout import layout_mismatch
 
         kv = backend.kv_transfer
         wanted = ("kv_producer", "kv_both") if backend.role == "prefill" else ("kv_consumer", "kv_both")

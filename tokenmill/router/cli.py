@@ -133,17 +133,7 @@ def run_router(ns: argparse.Namespace) -> int:
         backends += [parse_backend(u) for u in urls]
     prefill_pool, pairing = None, {}
     if ns.prefill or ns.decode:
-        if not (ns.prefill and ns.decode) or backends:
-            raise ValueError("disaggregated serving takes --prefill URL and --decode URL (each at least once) and no "
-                             "--backend, --backends-file or --replicas")
-        backends = [parse_backend(u) for u in ns.decode]
-        prefills = [parse_backend(u) for u in ns.prefill]
-        for b in backends:
-            b.role = "decode"
-        for b in prefills:
-            b.role = "prefill"
-        check_pairing_now(prefills + backends, pairing)
-        prefill_pool = BackendPool(prefills, ns.health_interval, pairing=pairing)
+        backends, prefill_pool = _disaggregated_pools(ns, backends, pairing)
     if not backends:
         raise ValueError("give at least one --backend, a --backends-file or --replicas N")
     keyer = None
@@ -170,12 +160,36 @@ def run_router(ns: argparse.Namespace) -> int:
     finally:
         if ray_replicas is not None:
             ray_replicas.stop()
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()   # SIGTERM: a replica drains its in-flight requests, then exits 0
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_replicas(procs)
     return 0
+
+
+def _disaggregated_pools(ns: argparse.Namespace, backends: list, pairing: dict):
+    """--prefill and --decode: the decode instances (the pool requests go to) and the pool of prefill instances,
+    checked now to be a matching pair (same model and KV layout; `pairing` keeps what they agreed on)."""
+    from tokenmill.router.backends import BackendPool, parse_backend
+
+    if not (ns.prefill and ns.decode) or backends:
+        raise ValueError("disaggregated serving takes --prefill URL and --decode URL (each at least once) and no "
+                         "--backend, --backends-file or --replicas")
+    decodes = [parse_backend(u) for u in ns.decode]
+    prefills = [parse_backend(u) for u in ns.prefill]
+    for b in decodes:
+        b.role = "decode"
+    for b in prefills:
+        b.role = "prefill"
+    check_pairing_now(prefills + decodes, pairing)
+    return decodes, BackendPool(prefills, ns.health_interval, pairing=pairing)
+
+
+def stop_replicas(procs: list[subprocess.Popen], grace: float = 30) -> None:
+    """SIGTERM to every replica process (each drains its in-flight requests, then exits 0), then waits; kills
+    what has not exited after `grace` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()

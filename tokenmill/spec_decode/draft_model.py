@@ -16,7 +16,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.layers.attention import allocate_kv_caches
 from tokenmill.layers.sampler import greedy_tokens
 from tokenmill.model.loader import DTYPES, load_model
-from tokenmill.spec_decode.proposer import _NoObservation
+from tokenmill.spec_decode.proposer import NoObservation
 from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.varlen_batch import varlen_batch
@@ -24,7 +24,7 @@ from tokenmill.worker.varlen_batch import varlen_batch
 logger = init_logger(__name__)
 
 
-class DraftModelProposer(_NoObservation):
+class DraftModelProposer(NoObservation):
     def __init__(self, config: EngineConfig, backend, device: str):
         self.k = config.speculative_config.num_speculative_tokens
         self.model_config = config.draft_model_config

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tokenmill.config import EngineConfig
 from tokenmill.worker.input_batch import CachedRequestState
 
 
@@ -32,29 +31,16 @@ class Proposer(Protocol):
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None: ...
 
 
-def make_proposer(config: EngineConfig, backend, device: str, target: torch.nn.Module) -> Proposer | None:
-    spec = config.speculative_config
-    if spec is None:
-        return None
-    if spec.method == "ngram":
-        return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if spec.method in ("eagle", "eagle3"):
-        from tokenmill.spec_decode.eagle import EagleProposer
+class NoObservation:
+    """A proposer that never reads the target's hidden states."""
 
-        return EagleProposer(config, backend, device, target)
-    from tokenmill.spec_decode.draft_model import DraftModelProposer
-
-    return DraftModelProposer(config, backend, device)
-
-
-class _NoObservation:
     observes = False
 
     def observe(self, states, qsl, seq_lens, hidden) -> None:
         pass
 
 
-class NgramProposer(_NoObservation):
+class NgramProposer(NoObservation):
     """Prompt lookup: find the request's last n tokens earlier in its own tokens (n from prompt_lookup_max down
     to prompt_lookup_min, the latest occurrence) and propose what followed them there. No model."""
 

@@ -66,7 +66,7 @@ class ModelRunner:
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
 
     def load_model(self) -> None:
-        from tokenmill.spec_decode.proposer import make_proposer
+        from tokenmill.spec_decode.factory import make_proposer
 
         backend = get_backend(self.config.attention_backend, self.device)
         logger.info("attention backend: %s", backend.name)

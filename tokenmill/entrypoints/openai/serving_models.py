@@ -96,29 +96,3 @@ class ServingModels:
         return [base] + [{"id": name, "object": "model", "created": self.created[name], "owned_by": "tokenmill",
                           "root": lora.lora_path, "parent": lora.base_model_name or self.base_name}
                          for name, lora in self.adapters.items()]
-
-
-def add_lora_routes(app, models: ServingModels, allow_updating: bool) -> None:
-    """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter {"lora_name"},
-    answered only with --allow-runtime-lora-updating (they change what every client of the server gets)."""
-    from fastapi.responses import PlainTextResponse
-
-    def allowed() -> None:
-        if not allow_updating:
-            raise APIError(404, "Loading and unloading LoRA adapters at run time is off: start the server with "
-                                "--allow-runtime-lora-updating", "lora_name")
-
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(req: LoadLoRAAdapterRequest):
-        allowed()
-        try:
-            models.add(req.lora_name, req.lora_path)
-        except ValueError as e:
-            raise APIError(400, str(e), "lora_path" if req.lora_name not in models.adapters else "lora_name") from e
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
-
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(req: UnloadLoRAAdapterRequest):
-        allowed()
-        models.remove(req.lora_name)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.config import check_quantization
+from tokenmill.layers.packed_weight import PackedWeight, onednn_packing_helps
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
 
@@ -35,8 +36,6 @@ class UnquantizedMethod:
 
     def make_kernel(self, layer_name: str, weight: torch.Tensor, bias: torch.Tensor | None,
                     quantized: QuantizedWeight | None) -> Kernel:
-        from tokenmill.layers.linear import PackedWeight, onednn_packing_helps
-
         if quantized is not None:  # a GGUF block tensor loaded without --quantization gguf: never here
             raise ValueError(f"{layer_name}: a quantized tensor reached an unquantized layer")
         if onednn_packing_helps(weight):
