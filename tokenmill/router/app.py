@@ -37,7 +37,7 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
         await pool.session.close()
 
     app = FastAPI(title="tokenmill router", lifespan=lifespan)
-    app.state.pool, app.state.router, app.state.proxy = pool, proxy.router, proxy
+    app.state.proxy = proxy
 
     @app.middleware("http")
     async def admin_auth(raw: Request, call_next):

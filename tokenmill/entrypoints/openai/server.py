@@ -59,7 +59,7 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
         await engine.shutdown()
 
     app = FastAPI(title="tokenmill", version=__version__, lifespan=lifespan)
-    app.state.ctx, app.state.parts = ctx, parts
+    app.state.parts = parts
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(BodyLimitMiddleware, limit=ctx.input_limits.max_request_bytes)
@@ -137,7 +137,7 @@ def run_server(ns: argparse.Namespace) -> int:
         engine.client.shutdown()   # launched above: stop it rather than leave it waiting for requests
         raise
     server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                                    timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.ctx)
+                                    timeout_graceful_shutdown=ns.drain_timeout, access_log=False), app.state.parts.ctx)
 
     def engine_died() -> None:
         server.exit_code = 1

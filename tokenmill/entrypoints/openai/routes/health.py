@@ -16,7 +16,8 @@ router = APIRouter()
 async def health(raw: Request):
     """Red when the engine process is gone, or when it has made no step for --engine-stall-timeout seconds while
     requests wait on it (a stuck kernel, a deadlock): the process being up is not enough."""
-    engine, liveness = parts_of(raw).engine, parts_of(raw).liveness
+    parts = parts_of(raw)
+    engine, liveness = parts.engine, parts.liveness
     if engine.dead or engine.client is None or not engine.client.is_alive:
         return error_response(503, "the engine core is not running")
     stalled = engine.stalled_for()
