@@ -1,7 +1,7 @@
 """The engine on an NVIDIA GPU: the model, the KV cache, attention (torch_sdpa), the sampler and the proposers run
 there, transformers runs on the CPU, both in fp32, so the CPU's rule holds: token for token, ties detected
 explicitly. Marked `cuda`: `make test` deselects them; on a machine with a GPU run
-`pytest -m cuda tests/test_cuda.py` (docs/benchmarks/2026-12-04-cuda/device_check.sh does it on a bare one)."""
+`pytest -m cuda tests/test_cuda.py` (benchmarks/cuda/check.sh does it on a bare one)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def check_quantization(name: str | None, group_size: int = 32, model_format: str
 
 # The server's prompt tokens per step while requests decode: a step of 512 prompt rows beside the decodes takes
 # ~0.2 s on 2 cores, one of 2,048 ~0.8 s (W4 all at once: inter-token p99 0.24-0.29 s against 0.69-0.85 s,
-# docs/benchmarks/2026-12-03-itl).
+# e4626e1:docs/benchmarks/2026-12-03-itl).
 SERVER_PREFILL_TOKENS_WHILE_DECODING = 512
 
 

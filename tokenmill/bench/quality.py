@@ -42,7 +42,7 @@ MODES = {
     "kv-int8": {"kv_cache_dtype": "int8"},
 }
 
-# fixed chat prompts for the greedy agreement (sampled_chat.py in docs/benchmarks reads the same file)
+# fixed chat prompts for the greedy agreement (and benchmarks/chats.py)
 CHATS = json.loads((Path(__file__).parent / "data" / "chats.json").read_text())
 
 

@@ -7,7 +7,7 @@ one (a never-used page costs its first touch, ~0.7 ms a block of the embedded mo
 Cached ones keep their hash and stay findable until an allocation evicts them, least recently freed first.
 
 Decode attention reads a request's blocks one after another; from memory it reads consecutive blocks up to 1.6x
-faster than scattered ones (fp8 cache, `docs/benchmarks/2026-12-04-block-runs/`). So an allocation continues the
+faster than scattered ones (fp8 cache, e4626e1:docs/benchmarks/2026-12-04-block-runs). So an allocation continues the
 request's last block where the next one is free, and a new run is placed where `ahead` more free blocks follow it:
 those are softly reserved for the request's growth. A soft reservation only orders the choice: any allocation
 that finds no other plain block takes reserved ones before it evicts a cached block. Cached blocks are evicted

@@ -153,7 +153,7 @@ class EngineCore:
         page's first write happened inside the forward instead (rows of scattered blocks from both threads, some
         after a read had mapped the zero page: a copy and a TLB shootdown), W1's first run in a process took
         19-22 s against 15.6-16.1 s for the next; with this, 17.4-18.9 s against 18.7-21.6 in fresh processes,
-        1.4-2.2 s of it in this phase (docs/benchmarks/2026-12-04-w3-decode)."""
+        1.4-2.2 s of it in this phase (e4626e1:docs/benchmarks/2026-12-04-w3-decode)."""
         if self._prefault_next is None:
             return
         high = self.scheduler.kv_cache_manager.pool.high_water + 1

@@ -25,7 +25,7 @@ AMX_MAX_ROWS_WIDE = 96
 WIDE_OUTPUT = 16384
 # Without AMX the vector matmul over the same layout (vec_gemm.h) takes every batch past VEC_SKINNY_MAX_ROWS: on
 # AMD Zen 5 the 120 linears of a SmolLM2 step ran 25-29% faster than oneDNN's at 16-64 rows, 12% at 128, 4-8% at
-# 256-2,048, and the lm head no slower at any size (docs/benchmarks/2026-12-03-vec-gemm), so no oneDNN copy of a
+# 256-2,048, and the lm head no slower at any size (e4626e1:docs/benchmarks/2026-12-03-vec-gemm), so no oneDNN copy of a
 # tiled weight is kept there. It also beats the skinny kernel from 5-6 rows (8 rows: 6.8 vs 8.5 ms) and gives its
 # bits (each row summed alone in the same order), so drafts verified together keep their bits either way.
 VEC_SKINNY_MAX_ROWS = 4

@@ -543,7 +543,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   // (heads_together): each block's heads are then read one after another, not one head's slice of every block
   // per task: a W1 step (128 x 320 tokens) 17.8-18.5 against 19.3-20.3 ms with the blocks in order, 20.6-21.8
   // against 33.9-34.4 scattered (fp8 e4m3; int8 -17% and -47%). Over a bf16 cache it was slower (46.7 against
-  // 37.3 ms), so that stays per head (docs/benchmarks/2026-12-04-last-layer). A head's arithmetic is the same
+  // 37.3 ms), so that stays per head (e4626e1:docs/benchmarks/2026-12-04-last-layer). A head's arithmetic is the same
   // either way (never on AMX, whose scores take another form), so a token gets the same bits in any batch.
   std::vector<int64_t> first_task(num_rows + 1, 0), num_parts(num_rows, 1), part_off(num_rows + 1, 0);
   std::vector<bool> per_token(num_rows, false);

@@ -12,7 +12,7 @@
 // so most steps rescale nothing and exp(score - max) stays below e^kLazy; whether any score does is a vector
 // compare, and the row's maximum is only reduced across lanes when one does. exp is a degree-3 polynomial (P is
 // rounded to bf16 right after), and the row sum a `dpbf16` of P against ones. Those three took 10-15% off a
-// 256-2,048-token prompt's attention on AMD Zen 5 (`docs/benchmarks/2026-12-03-vec-gemm/prefill_ab.py`).
+// 256-2,048-token prompt's attention on AMD Zen 5 (e4626e1:docs/benchmarks/2026-12-03-vec-gemm/prefill_ab.py).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -12,10 +12,10 @@ from tokenmill.layers.quant.tensor import QuantizedWeight
 # and 1.5x (int4) bf16's time) the weights are dequantized into panels of the tile layout as the matmul reaches
 # them, and the bf16 tile matmul multiplies: on AMX up to QUANT_AMX_MAX_ROWS, and on AVX-512 BF16 vectors
 # (vec_gemm.h) where the CPU has no AMX, at any batch. AMX: the 120 linears of a SmolLM2 step
-# (docs/benchmarks/2026-12-01-quant-amx) at 16 rows take about as long either way, at 32 rows AMX takes half the
+# (e4626e1:docs/benchmarks/2026-12-01-quant-amx) at 16 rows take about as long either way, at 32 rows AMX takes half the
 # VNNI kernel's time and at 128-256 rows a third to a half (as fast as bf16 weights); from ~512 rows on,
 # dequantizing for oneDNN wins (2,048 rows: 0.75 vs 0.98-1.07 s). Vectors (AMD Zen 5,
-# docs/benchmarks/2026-12-03-vec-gemm): int8 on the VNNI kernel is faster up to ~24 rows, int4 up to ~8; past
+# e4626e1:docs/benchmarks/2026-12-03-vec-gemm): int8 on the VNNI kernel is faster up to ~24 rows, int4 up to ~8; past
 # them the vector matmul is as fast as bf16 weights at every size, and beats dequantizing for oneDNN to 2,048.
 VNNI_MAX_ROWS_AMX = 16
 QUANT_AMX_MAX_ROWS = 512
