@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test lint fuzz soak clean
+.PHONY: setup serve test test-all lint fuzz soak clean
 
 $(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenmill/kernels/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,12 @@ serve: setup
 lint: setup
 	$(VENV)/bin/ruff check tokenmill tests
 
+# The suite without the tests marked slow (the longest end-to-end runs: under 5 minutes of pytest on 2 cores).
 test: lint
+	$(PY) -m pytest -q -m 'not slow and not cuda' $(PYTEST_ARGS)
+
+# Every test but the GPU ones (`pytest -m cuda tests/test_cuda.py` on a machine with one): about 10 minutes here.
+test-all: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Longer runs than `make test` keeps: schemathesis with 1,000 cases an operation; a 10-minute overload soak.

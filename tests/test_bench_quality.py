@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tokenmill.bench.datasets import random_requests
 from tokenmill.bench.quality import CORPUS_FILES, agreement, corpus_windows
 
@@ -31,6 +33,7 @@ def test_w5_prompt_lengths_span_their_range():
     assert min(lengths) >= 64 and max(lengths) <= 1024 and len(set(lengths)) > 50
 
 
+@pytest.mark.slow
 def test_quality_command_prints_the_table(tiny_model_dir, tmp_path):
     out_json = tmp_path / "q.json"
     cmd = [sys.executable, "-m", "tokenmill.cli.main", "bench", "quality", "--model", str(tiny_model_dir("qwen2")),

@@ -32,11 +32,10 @@ def alone_reference(mixed_prompts):
     return [llm.generate(p, sp, use_tqdm=False)[0].outputs[0].token_ids for p in mixed_prompts]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", [
     ("prefix_caching_on", dict(enable_prefix_caching=True)),
-    ("prefix_caching_off", dict(enable_prefix_caching=False)),
-    ("chunked_32", dict(max_num_batched_tokens=32)),
+    pytest.param("prefix_caching_off", dict(enable_prefix_caching=False), marks=pytest.mark.slow),
+    pytest.param("chunked_32", dict(max_num_batched_tokens=32), marks=pytest.mark.slow),
     ("preempting", dict(num_gpu_blocks_override=40, max_model_len=256)),
 ])
 def test_mixed_prompts_match_alone(name, kwargs, mixed_prompts, alone_reference):
@@ -152,6 +151,7 @@ def test_chat_takes_one_sampling_params_per_conversation(smol_llm):
         smol_llm.chat([conv, conv], [SamplingParams()], use_tqdm=False)
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_are_sent_once_through_preemption(smol_llm):
     """A request preempted after its prompt recomputes it and scores it again; the client still gets one logprob
     per prompt token, equal to those of a run without preemption."""

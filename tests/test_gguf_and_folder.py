@@ -25,6 +25,7 @@ def hf_folder_from_gguf(embedded_gguf, smol_hf, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_gguf_and_saved_folder_give_same_tokens(smol_llm, hf_folder_from_gguf):
     prompts = ["Once upon a time", "List three colours:", "The quick brown fox"]
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -163,6 +163,7 @@ def test_smollm2_adapter_equals_peft_merged_model(smol_hf, smol_tokenizer, tmp_p
     assert ours[0][0] != ours[1][0], "the adapter did not change the answer"
 
 
+@pytest.mark.slow
 def test_server_serves_adapters_and_changes_them_while_requests_run(tiny_adapters, smol_tokenizer):
     """A request picks its adapter by `model`; an adapter loaded while another request streams serves at once,
     and one unloaded meanwhile lets its running request finish, then answers 404."""

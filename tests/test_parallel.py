@@ -112,11 +112,11 @@ def test_pipeline_parallel_2_on_the_embedded_model(padded_reference, prompts):
 
 
 # ---- mixtures of experts ------------------------------------------------------------------------------------------
-@pytest.mark.slow
 @pytest.mark.parametrize("family, kwargs", [
-    ("qwen2_moe", dict(tensor_parallel_size=2)),                                  # every expert split in two
-    ("mixtral", dict(tensor_parallel_size=2, enable_expert_parallel=True)),       # two whole experts a rank
-    ("qwen3_moe", dict(tensor_parallel_size=2, pipeline_parallel_size=2, enable_expert_parallel=True)),
+    pytest.param("qwen2_moe", dict(tensor_parallel_size=2), marks=pytest.mark.slow),    # every expert split in two
+    ("mixtral", dict(tensor_parallel_size=2, enable_expert_parallel=True)),             # two whole experts a rank
+    pytest.param("qwen3_moe", dict(tensor_parallel_size=2, pipeline_parallel_size=2, enable_expert_parallel=True),
+                 marks=pytest.mark.slow),
 ])
 def test_mixture_of_experts_parallel(tiny_model_dir, family, kwargs):
     folder = tiny_model_dir(family)

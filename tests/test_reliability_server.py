@@ -14,8 +14,6 @@ import pytest
 import requests
 from server_utils import ServerProcess
 
-pytestmark = pytest.mark.slow
-
 
 def kv_usage(server) -> float:
     text = requests.get(server.url + "/metrics").text
@@ -134,6 +132,7 @@ def test_queue_time_limit(single):
     wait_idle(single)
 
 
+@pytest.mark.slow
 def test_stopped_engine_turns_health_red_and_back(single):
     pid = single.engine_pid()
     done: list[int] = []
@@ -161,6 +160,7 @@ def test_stopped_engine_turns_health_red_and_back(single):
     assert requests.get(single.url + "/ready").status_code == 200
 
 
+@pytest.mark.slow
 def test_stuck_engine_makes_the_server_exit_nonzero(single):
     """Past --engine-stall-exit-timeout the server kills its engine and exits non-zero; the request in flight
     is answered with an error event, not a stream that just stops."""

@@ -17,8 +17,6 @@ import pytest
 import requests
 from server_utils import ServerProcess, free_port
 
-pytestmark = pytest.mark.slow
-
 
 def _replica(folder, wait: bool = True, *extra: str) -> ServerProcess:
     return ServerProcess(str(folder), "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-num-seqs", "16",
@@ -127,6 +125,7 @@ def test_disaggregated_prefill_then_decode_answers_as_one_instance(cluster):
         router.stop()
 
 
+@pytest.mark.slow
 def test_a_rollout_swap_under_steady_load_fails_no_request(cluster):
     """Start a new replica, add it, drain the old one (in-flight requests finish), remove and stop it, while
     three clients send requests back to back."""
@@ -232,6 +231,7 @@ def test_no_live_replica_is_a_503_with_retry_after():
         silent.close()
 
 
+@pytest.mark.slow
 def test_data_parallel_engines_behind_one_api_server(cluster):
     """`serve -dp 2`: two engine cores under one API server; repeats of a prompt meet on the engine that cached it
     (every repeat's 4 leading blocks hit), the answers are the single-engine replica's, and the gauges sum."""

@@ -11,7 +11,6 @@ import pytest
 import requests
 from server_utils import ServerProcess, kill_mid_stream
 
-pytestmark = pytest.mark.slow
 KEY = "test-key-123"
 
 
@@ -389,6 +388,7 @@ def test_the_built_in_page(server):
                             "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_the_page_in_a_real_browser(server, tmp_path):
     """Headless Chromium (Debian's package, driven by playwright) opens /, enters the API key, chats and sees the
     streamed answer with its TTFT, then watches the engine view list running requests and colour their KV blocks

@@ -43,8 +43,10 @@ def _check_same(outs, reference):
 
 @pytest.mark.parametrize("name, kwargs", [
     ("alone", dict()),
-    ("batched_chunked_cached", dict(max_num_batched_tokens=40, disable_by_batch_size=None)),
-    ("preempting", dict(num_gpu_blocks_override=24, max_model_len=384, disable_by_batch_size=None)),
+    pytest.param("batched_chunked_cached", dict(max_num_batched_tokens=40, disable_by_batch_size=None),
+                 marks=pytest.mark.slow),
+    pytest.param("preempting", dict(num_gpu_blocks_override=24, max_model_len=384, disable_by_batch_size=None),
+                 marks=pytest.mark.slow),
 ])
 def test_ngram_greedy_answers_are_unchanged(name, kwargs, w7_prompts, w7_reference):
     spec = {**NGRAM, **({"disable_by_batch_size": kwargs.pop("disable_by_batch_size")}
@@ -66,6 +68,7 @@ def test_ngram_greedy_answers_are_unchanged(name, kwargs, w7_prompts, w7_referen
     assert sched.kv_cache_manager.pool.num_free_blocks == sched.kv_cache_manager.pool.num_blocks
 
 
+@pytest.mark.slow
 def test_penalties_bias_and_min_tokens_see_the_drafts_before_them(smol_llm, w7_prompts):
     """Each verified row is constrained as its decode would be: penalties count the drafts before it, min_tokens
     keeps stop tokens out until enough tokens (drafts included) are out, logit_bias applies on every row."""
@@ -79,6 +82,7 @@ def test_penalties_bias_and_min_tokens_see_the_drafts_before_them(smol_llm, w7_p
     assert llm.spec_decoding_stats.num_accepted_tokens > 0
 
 
+@pytest.mark.slow
 def test_int4_self_draft_greedy_answers_are_unchanged(w7_prompts, w7_reference):
     llm = LLM(dtype="float32", kv_cache_memory="128MiB",
               speculative_config={"method": "draft_model", "quantization": "int4", "num_speculative_tokens": 3})
@@ -186,6 +190,7 @@ def test_sampled_tokens_follow_the_targets_distribution(spec, tmp_path, smol_tok
     assert p_value > 1e-3, f"chi-square p = {p_value:.2e} over {keep.sum() + 1} cells"
 
 
+@pytest.mark.slow
 def test_seeded_requests_repeat_with_speculation(w7_prompts):
     llm = LLM(dtype="float32", kv_cache_memory="64MiB", speculative_config=NGRAM)
     sp = SamplingParams(temperature=0.8, top_p=0.95, seed=3, max_tokens=24)

@@ -17,6 +17,7 @@ def fresh_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.mark.slow
 def test_cached_tokenizer_config_and_weights_are_the_files(embedded_gguf, fresh_cache):
     from pathlib import Path
 

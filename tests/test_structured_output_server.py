@@ -12,8 +12,6 @@ import pytest
 import requests
 from pydantic import BaseModel, Field
 
-pytestmark = pytest.mark.slow
-
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
            "required": ["city", "unit"], "additionalProperties": False}
@@ -48,6 +46,7 @@ class City(BaseModel):
     population_millions: float = Field(ge=0, le=50)
 
 
+@pytest.mark.slow
 def test_openai_parse_with_a_pydantic_model(client):
     for seed in range(3):
         r = client.beta.chat.completions.parse(model=model(client), response_format=City, temperature=1.0,
