@@ -255,3 +255,57 @@ def _children_of(pid: int) -> list[int]:
 
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [c for p in map(int, out) for c in (p, *_children_of(p))]
+
+
+def test_autoscaling_from_zero_through_a_burst_and_back_to_zero(tiny_model_dir):
+    """`--min-replicas 0 --max-replicas 2`: the router is healthy with no replica; a first request waits through a
+    cold start and is answered; 16 clients in a loop bring a second replica, which then serves some of them; idle,
+    the fleet drains back to zero with the replica processes gone. No request fails on the way."""
+    folder = tiny_model_dir("llama")
+    base = free_port()
+    router = ServerProcess(
+        "--host", "127.0.0.1", "--model", str(folder), "--health-interval", "0.3", "--min-replicas", "0",
+        "--max-replicas", "2", "--target-ongoing-requests", "4", "--upscale-delay", "0.5", "--downscale-delay", "3",
+        "--downscale-to-zero-delay", "2", "--replica-port-base", str(base), "--replica-args",
+        f"{folder} --dtype float32 --kv-cache-memory 16MiB --max-num-seqs 4", command="router")
+    replica_urls = {f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"}
+
+    def scaling() -> dict:
+        return requests.get(router.url + "/router/backends").json()
+
+    try:
+        assert scaling()["backends"] == [] and scaling()["autoscaling"]["current_replicas"] == 0
+        r = _complete(router.url, "a first request on zero replicas", 4)
+        assert r.status_code == 200 and r.headers["x-routed-to"] in replica_urls
+        stop, failures, routed_to = threading.Event(), [], set()
+
+        def client(i: int) -> None:
+            while not stop.is_set():
+                resp = _complete(router.url, f"client {i} asks again " * 4, 24)
+                if resp.status_code != 200:
+                    failures.append(resp.text)
+                routed_to.add(resp.headers.get("x-routed-to"))
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for t in clients:
+            t.start()
+        deadline, peak = time.time() + 90, 0
+        while len(routed_to) < 2 and time.time() < deadline:
+            peak = max(peak, scaling()["autoscaling"]["current_replicas"])
+            time.sleep(0.2)
+        stop.set()
+        for t in clients:
+            t.join()
+        assert not failures and routed_to == replica_urls and max(peak, 2) == 2
+        assert _metric(router.url, "tokenmill_router:scaling_decisions_total") >= 2
+        deadline = time.time() + 60
+        while scaling()["backends"] and time.time() < deadline:
+            time.sleep(0.3)
+        assert scaling()["backends"] == [] and scaling()["autoscaling"]["current_replicas"] == 0
+        assert _children_of(router.proc.pid) == []
+        for url in replica_urls:
+            with pytest.raises(requests.ConnectionError):
+                requests.get(url + "/health", timeout=2)
+        assert requests.get(router.url + "/health").status_code == 200
+    finally:
+        router.stop()

@@ -1,5 +1,6 @@
 """The router's HTTP front: the OpenAI endpoints proxied to a chosen replica (`proxy.py`), its own /health and
-/metrics, and an admin API to add, drain and remove replicas during a rollout (`routes.py`)."""
+/metrics, and an admin API to add, drain and remove replicas during a rollout (`routes.py`); an optional
+autoscaler beside the pool starts and drains replicas on load (`autoscaler.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from tokenmill.router.autoscaler import Autoscaler
 from tokenmill.router.backends import BackendPool
+from tokenmill.router.metrics import RouterMetrics
 from tokenmill.router.policy import PrefixKeyer, Router
 from tokenmill.router.proxy import Proxy
 from tokenmill.router.routes import admin_routes, health_routes, openai_routes
@@ -18,10 +21,15 @@ from tokenmill.router.routes import admin_routes, health_routes, openai_routes
 
 def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Router | None = None,
                      backends_file: str | None = None, connect_timeout: float = 3.0,
-                     admin_key: str | None = None, prefill_pool: BackendPool | None = None) -> FastAPI:
+                     admin_key: str | None = None, prefill_pool: BackendPool | None = None,
+                     scaler: Autoscaler | None = None) -> FastAPI:
     """With a prefill_pool (disaggregated serving), each prompt is first computed on a prefill instance (one
-    token), then the request goes to `pool`, the decode instances, which pull its KV blocks from there."""
-    proxy = Proxy(pool, keyer, router or Router(), prefill_pool)
+    token), then the request goes to `pool`, the decode instances, which pull its KV blocks from there. With a
+    scaler, the replicas it launches join `pool` and leave it, and requests wait for one when none is up."""
+    metrics = scaler.metrics if scaler is not None and scaler.metrics is not None else RouterMetrics()
+    if scaler is not None:
+        scaler.metrics = metrics
+    proxy = Proxy(pool, keyer, router or Router(), prefill_pool, metrics, scaler)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -31,9 +39,13 @@ def build_router_app(pool: BackendPool, keyer: PrefixKeyer | None, router: Route
         if prefill_pool is not None:
             prefill_pool.session = pool.session
             checkers.append(asyncio.create_task(prefill_pool.health_loop()))
+        if scaler is not None:
+            checkers.append(asyncio.create_task(scaler.run()))
         yield
         for checker in checkers:
             checker.cancel()
+        if scaler is not None:
+            await scaler.close()
         await pool.session.close()
 
     app = FastAPI(title="tokenmill router", lifespan=lifespan)

@@ -24,6 +24,19 @@ class Backend:
     last_error: str = ""
     kv_transfer: dict | None = None   # from its /load: role, address and block layout (disaggregated serving)
     role: str | None = None           # set by a disaggregating router: "prefill" or "decode"
+    starting: bool = False            # launched by the autoscaler, not yet healthy once
+
+    @property
+    def state(self) -> str:
+        """starting (cold start), healthy (in rotation), draining, unhealthy (failed its last check) or parked
+        (weight 0)."""
+        if self.draining:
+            return "draining"
+        if self.starting and not self.healthy:
+            return "starting"
+        if not self.healthy:
+            return "unhealthy"
+        return "healthy" if self.weight > 0 else "parked"
 
     @property
     def routable(self) -> bool:
@@ -34,7 +47,8 @@ class Backend:
         return (self.outstanding + self.waiting) / self.weight
 
     def describe(self) -> dict:
-        return {"url": self.url, "weight": self.weight, "healthy": self.healthy, "draining": self.draining,
+        return {"url": self.url, "state": self.state, "weight": self.weight, "healthy": self.healthy,
+                "draining": self.draining,
                 "outstanding": self.outstanding, "waiting": self.waiting, "kv_usage": self.kv_usage,
                 "last_error": self.last_error}
 
@@ -137,6 +151,7 @@ class BackendPool:
             ok, error = False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if ok and not backend.healthy:
             logger.info("backend %s is healthy: in rotation", backend.url)
+            backend.starting = False
         elif not ok and backend.healthy:
             logger.warning("backend %s left the rotation: %s", backend.url, error)
         backend.healthy, backend.last_error = ok, error

@@ -53,6 +53,25 @@ def add_router_parser(sub) -> None:
     p.add_argument("--replica-args", default="",
                    help="Extra `tokenmill serve` flags for the replicas --replicas starts (one quoted string).")
     p.add_argument("--replica-port-base", type=int, default=8100, help="The first replica's port.")
+    scale = p.add_argument_group("autoscaling (Ray Serve's names; on when --max-replicas is given)")
+    scale.add_argument("--min-replicas", type=int, default=None,
+                       help="Fewest replicas to keep (0: scale to zero when idle; requests then wait through a "
+                            "cold start). Default 1.")
+    scale.add_argument("--max-replicas", type=int, default=None,
+                       help="Most replicas to start (on this machine each gets 1/max of the CPUs).")
+    scale.add_argument("--initial-replicas", type=int, default=None, help="Replicas at start (default: min).")
+    scale.add_argument("--target-ongoing-requests", type=float, default=2.0,
+                       help="Requests in flight plus queued per replica that the scaler aims at.")
+    scale.add_argument("--upscale-delay", type=float, default=30.0,
+                       help="Seconds the load must ask for more replicas before one starts.")
+    scale.add_argument("--downscale-delay", type=float, default=600.0,
+                       help="Seconds the load must ask for fewer before one drains (and stops).")
+    scale.add_argument("--downscale-to-zero-delay", type=float, default=None,
+                       help="Seconds idle before the last replica stops (default: --downscale-delay).")
+    scale.add_argument("--max-queued-requests", type=int, default=256,
+                       help="Requests the router holds while no replica is up; past this, a 503.")
+    scale.add_argument("--queue-timeout", type=float, default=120.0,
+                       help="Seconds a held request waits for a replica before a 503 with Retry-After.")
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 opens it to the network).")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
@@ -134,8 +153,9 @@ def run_router(ns: argparse.Namespace) -> int:
     prefill_pool, pairing = None, {}
     if ns.prefill or ns.decode:
         backends, prefill_pool = _disaggregated_pools(ns, backends, pairing)
-    if not backends:
-        raise ValueError("give at least one --backend, a --backends-file or --replicas N")
+    scaling = autoscaling_config(ns)
+    if not backends and scaling is None:
+        raise ValueError("give at least one --backend, a --backends-file, --replicas N or --max-replicas N")
     keyer = None
     if ns.affinity_blocks > 0:
         from tokenmill.model.source import resolve_model
@@ -143,12 +163,18 @@ def run_router(ns: argparse.Namespace) -> int:
 
         keyer = PrefixKeyer(load_tokenizer(resolve_model(ns.model).path), ns.block_size, ns.affinity_blocks)
     pool = BackendPool(backends, ns.health_interval, pairing=pairing)
+    scaler = _autoscaler(ns, pool, scaling) if scaling is not None else None
     api_key = ns.api_key or os.environ.get("TOKENMILL_API_KEY")
     app = build_router_app(pool, keyer, Router(ns.load_factor), ns.backends_file, admin_key=api_key,
-                           prefill_pool=prefill_pool)
+                           prefill_pool=prefill_pool, scaler=scaler)
     if prefill_pool is not None:
         logger.info("routing on http://%s:%d, disaggregated: prefill on %s, decode on %s", ns.host, ns.port,
                     ", ".join(ns.prefill), ", ".join(ns.decode))
+    elif scaler is not None:
+        logger.info("routing on http://%s:%d, autoscaling %d..%d replicas (%g ongoing requests each, up after "
+                    "%g s, down after %g s, to zero after %g s)", ns.host, ns.port, scaling.min_replicas,
+                    scaling.max_replicas, scaling.target_ongoing_requests, scaling.upscale_delay,
+                    scaling.downscale_delay, scaling.downscale_to_zero_delay)
     else:
         logger.info("routing on http://%s:%d over %d replica(s): %s", ns.host, ns.port, len(backends),
                     ", ".join(b.url for b in backends))
@@ -162,6 +188,36 @@ def run_router(ns: argparse.Namespace) -> int:
             ray_replicas.stop()
         stop_replicas(procs)
     return 0
+
+
+def autoscaling_config(ns: argparse.Namespace):
+    """The AutoscalingConfig the flags ask for, or None without --min/--max-replicas."""
+    from tokenmill.router.scaling_policy import AutoscalingConfig
+
+    if ns.min_replicas is None and ns.max_replicas is None:
+        return None
+    if ns.replicas or ns.prefill or ns.decode or ns.backends_file:
+        raise ValueError("--min-replicas/--max-replicas start their own replicas: use them without --replicas, "
+                         "--backends-file, --prefill or --decode")
+    low = 1 if ns.min_replicas is None else ns.min_replicas
+    return AutoscalingConfig(low, low if ns.max_replicas is None else ns.max_replicas, ns.initial_replicas,
+                             ns.target_ongoing_requests, ns.upscale_delay, ns.downscale_delay,
+                             ns.downscale_to_zero_delay, max_queued_requests=ns.max_queued_requests,
+                             queue_timeout=ns.queue_timeout)
+
+
+def _autoscaler(ns: argparse.Namespace, pool, config):
+    from tokenmill.router.autoscaler import Autoscaler
+
+    if ns.distributed_executor_backend == "ray":
+        from tokenmill.router.ray_replicas import RayLauncher
+
+        launcher = RayLauncher(config.max_replicas, ns.replica_port_base, shlex.split(ns.replica_args))
+    else:
+        from tokenmill.router.launcher import ProcessLauncher
+
+        launcher = ProcessLauncher(config.max_replicas, ns.replica_port_base, ns.replica_args)
+    return Autoscaler(pool, launcher, config)
 
 
 def _disaggregated_pools(ns: argparse.Namespace, backends: list, pairing: dict):

@@ -1,11 +1,12 @@
-"""Where a request goes: to the replica whose prefix cache most likely holds its prompt's first blocks
-(consistent hashing of their chained hash, as the engine computes it after the chat template), unless that
-replica is already carrying more than its share of the load; otherwise to the least-loaded replica.
+"""Where a request goes: to the replica whose prefix cache holds its prompt's first blocks (keyed by their chained
+hash, as the engine computes it after the chat template), unless that replica is truly overloaded; otherwise to the
+least-loaded replica.
 
-Consistent hashing keeps a prefix on one replica while replicas come and go (only the keys of a removed
-replica move); the load bound (vLLM's router and "consistent hashing with bounded loads" use the same idea)
-keeps one hot prefix from piling onto one replica: past `load_factor` times the mean load, the key walks on
-to the next replica on the ring."""
+A prefix keeps the home its first request chose for as long as that replica serves: scaling up adds replicas
+that take new prefixes first instead of taking over old ones (which would recompute their prompts), and scaling
+down moves only the prefixes of the replica that left. The ring of consistent hashing breaks ties, so an idle fleet
+places keys by weight. The load bound ("consistent hashing with bounded loads", as vLLM's router also does) keeps
+one hot prefix from piling onto one replica."""
 
 from __future__ import annotations
 
@@ -78,12 +79,20 @@ def _text(content) -> str:
 
 
 class Router:
-    def __init__(self, load_factor: float = 1.25, remember: int = 10000, rng: random.Random | None = None):
-        self.load_factor = load_factor
+    """A prefix's first request picks its home: the least-loaded replica, ties broken by the key's place on the
+    ring (so an idle fleet spreads keys by weight, and a replica that just joined takes new prompts first). Later
+    requests with that prefix go home unless it is truly overloaded: past both `load_factor` times its fair share
+    and its fair share plus `slack` requests; then they walk the ring to the next replica with room, and the home
+    stays. A home leaves only with its replica (removed, drained, scaled down): replicas coming and going never move
+    the prefixes of the others."""
+
+    def __init__(self, load_factor: float = 1.25, remember: int = 10000, rng: random.Random | None = None,
+                 slack: float = 2.0):
+        self.load_factor, self.slack = load_factor, slack
         self.rng = rng or random.Random()
         self._ring: list[tuple[int, str]] = []
         self._ring_of: tuple = ()
-        self.last_backend_of: OrderedDict[bytes, str] = OrderedDict()   # for the cache-affinity hit count
+        self.home_of: OrderedDict[bytes, str] = OrderedDict()   # prefix key -> its replica's URL, LRU
         self.remember = remember
 
     def _ring_for(self, backends: list[Backend]) -> list[tuple[int, str]]:
@@ -94,33 +103,48 @@ class Router:
             self._ring_of = sig
         return self._ring
 
+    def _ring_order(self, candidates: list[Backend], key: bytes) -> list[Backend]:
+        """The candidates in the order the key's walk around the ring meets them."""
+        ring, by_url = self._ring_for(candidates), {b.url: b for b in candidates}
+        start = bisect.bisect(ring, (_point(key), ""))
+        seen: dict[str, Backend] = {}
+        for i in range(len(ring)):
+            url = ring[(start + i) % len(ring)][1]
+            seen.setdefault(url, by_url[url])
+            if len(seen) == len(by_url):
+                break
+        return list(seen.values())
+
+    def has_room(self, b: Backend, candidates: list[Backend]) -> bool:
+        total = sum(c.outstanding for c in candidates) + 1
+        fair = total * b.weight / sum(c.weight for c in candidates)
+        return b.outstanding + 1 <= max(1.0, self.load_factor * fair, fair + self.slack)
+
     def choose(self, backends: list[Backend], key: bytes | None, exclude: set[str] = frozenset()) -> Decision | None:
         candidates = [b for b in backends if b.url not in exclude]
         if not candidates:
             return None
-        by_url = {b.url: b for b in candidates}
-        if key is not None:
-            ring = self._ring_for(candidates)
-            total = sum(b.outstanding for b in candidates) + 1
-            weight = sum(b.weight for b in candidates)
-            start = bisect.bisect(ring, (_point(key), ""))
-            first = None
-            for i in range(len(ring)):
-                b = by_url[ring[(start + i) % len(ring)][1]]
-                first = first or b
-                bound = self.load_factor * total * b.weight / weight
-                if b.outstanding + 1 <= max(1.0, bound):
-                    return self._remember(Decision(b, "affinity" if b is first else "affinity_overflow", key))
-        low = min(b.load() for b in candidates)
-        tied = [b for b in candidates if b.load() == low]
-        pick = self.rng.choices(tied, weights=[b.weight for b in tied])[0]
-        return self._remember(Decision(pick, "least_loaded", key))
+        if key is None:
+            low = min(b.load() for b in candidates)
+            tied = [b for b in candidates if b.load() == low]
+            return Decision(self.rng.choices(tied, weights=[b.weight for b in tied])[0], "least_loaded", None)
+        order = self._ring_order(candidates, key)
+        home = next((b for b in order if b.url == self.home_of.get(key)), None)
+        if home is None:   # a new prefix (or its home left): the least loaded, in ring order among equals
+            low = min(b.load() for b in order)
+            home = next(b for b in order if b.load() == low)
+            self._set_home(key, home)
+            return Decision(home, "affinity", key)
+        self.home_of.move_to_end(key)
+        if self.has_room(home, candidates):
+            return Decision(home, "affinity", key, cache_hit=True)
+        spill = next((b for b in order if b is not home and self.has_room(b, candidates)), None)
+        if spill is None:
+            return Decision(home, "affinity", key, cache_hit=True)
+        return Decision(spill, "affinity_overflow", key)
 
-    def _remember(self, d: Decision) -> Decision:
-        if d.key is not None:
-            d.cache_hit = self.last_backend_of.get(d.key) == d.backend.url
-            self.last_backend_of[d.key] = d.backend.url
-            self.last_backend_of.move_to_end(d.key)
-            while len(self.last_backend_of) > self.remember:
-                self.last_backend_of.popitem(last=False)
-        return d
+    def _set_home(self, key: bytes, b: Backend) -> None:
+        self.home_of[key] = b.url
+        self.home_of.move_to_end(key)
+        while len(self.home_of) > self.remember:
+            self.home_of.popitem(last=False)

@@ -11,6 +11,7 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tokenmill.router.autoscaler import Autoscaler
 from tokenmill.router.backends import Backend, BackendPool
 from tokenmill.router.metrics import RouterMetrics
 from tokenmill.router.policy import PrefixKeyer, Router
@@ -40,10 +41,35 @@ class Proxy:
     """The router's request path over its pools; the routes call `forward`."""
 
     def __init__(self, pool: BackendPool, keyer: PrefixKeyer | None, router: Router,
-                 prefill_pool: BackendPool | None = None, metrics: RouterMetrics | None = None):
+                 prefill_pool: BackendPool | None = None, metrics: RouterMetrics | None = None,
+                 scaler: Autoscaler | None = None):
         self.pool, self.keyer, self.router, self.prefill_pool = pool, keyer, router, prefill_pool
         self.prefill_router = Router(router.load_factor)
         self.metrics = metrics or RouterMetrics()
+        self.scaler = scaler   # with one, a request that finds no replica waits for one to start
+
+    async def wait_for_replica(self) -> str | None:
+        """Hold a request while no replica is in rotation and the autoscaler may start one: None once one is,
+        else why not (the queue is full, or --queue-timeout passed)."""
+        if self.scaler is None or self.pool.routable():
+            return None
+        held, config = self.scaler.held, self.scaler.config
+        if held.count >= config.max_queued_requests:
+            self.metrics.queue_timeouts.inc()
+            return f"no replica is in rotation and {held.count} requests already wait for one"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.queue_timeout
+        held.count += 1
+        try:
+            while not self.pool.routable():
+                if loop.time() >= deadline:
+                    held.timeouts += 1
+                    self.metrics.queue_timeouts.inc()
+                    return f"no replica came up within {config.queue_timeout:g} s"
+                await asyncio.sleep(0.05)
+            return None
+        finally:
+            held.count -= 1
 
     @property
     def pools(self) -> list[BackendPool]:
@@ -57,6 +83,9 @@ class Proxy:
             body = None   # the replica answers the 400
         key = self.keyer.key_for(body, chat) if self.keyer is not None and isinstance(body, dict) else None
         headers = forwarded_headers(raw)
+        problem = await self.wait_for_replica()
+        if problem is not None:
+            return router_error(503, problem, retry_after=5)
         if self.prefill_pool is not None and isinstance(body, dict):
             address = await self.prefill(path, body, key, headers)
             if address is not None:

@@ -69,3 +69,42 @@ class RayReplicas:
             logger.warning("stopping the Ray replicas: %s", e)
         for a in self.actors:
             ray.kill(a)
+
+
+class RayLauncher:
+    """The autoscaler's launcher on Ray: one actor per replica, started and stopped one at a time (each takes its
+    node's cores unless given --cpu-bind in the replica args; SPREAD places them on different nodes first)."""
+
+    def __init__(self, max_replicas: int, port_base: int, argv: list[str], cpus_per_replica: float = 1.0):
+        from tokenmill.executor.ray_executor import connect_ray
+
+        self.ray = connect_ray()
+        self.actor_class = self.ray.remote(num_cpus=cpus_per_replica, scheduling_strategy="SPREAD")(ReplicaActor)
+        self.max_replicas, self.port_base, self.argv = max_replicas, port_base, argv
+        self.actors: dict[str, tuple[int, object]] = {}   # url -> (slot, actor)
+
+    def start(self) -> str:
+        used = {slot for slot, _ in self.actors.values()}
+        slot = next(s for s in range(self.max_replicas) if s not in used)
+        actor = self.actor_class.remote()
+        url = self.ray.get(actor.start.remote(self.port_base + slot, self.argv, 0, 1))
+        self.actors[url] = (slot, actor)
+        logger.info("replica %d started by Ray at %s", slot, url)
+        return url
+
+    def stop(self, url: str) -> None:
+        _, actor = self.actors.pop(url, (None, None))
+        if actor is None:
+            return
+        try:
+            self.ray.get(actor.stop.remote(), timeout=60)
+        except Exception as e:  # noqa: BLE001 - its node is gone with it: nothing left to stop
+            logger.warning("stopping the Ray replica %s: %s", url, e)
+        self.ray.kill(actor)
+
+    def alive(self, url: str) -> bool:
+        return url in self.actors
+
+    def stop_all(self) -> None:
+        for url in list(self.actors):
+            self.stop(url)

@@ -48,8 +48,10 @@ async def models(raw: Request):
 
 @health_routes.get("/health")
 async def health(raw: Request):
-    """Healthy while at least one replica is in rotation."""
-    if _proxy(raw).pool.routable():
+    """Healthy while at least one replica is in rotation, or while an autoscaler can start one (scaled to zero,
+    the router holds requests through the cold start)."""
+    proxy = _proxy(raw)
+    if proxy.pool.routable() or proxy.scaler is not None:
         return Response(status_code=200)
     return router_error(503, "no replica is in rotation", retry_after=1)
 
@@ -69,6 +71,8 @@ async def list_backends(raw: Request):
     out = {"backends": [b.describe() for b in proxy.pool.backends.values()]}
     if proxy.prefill_pool is not None:
         out["prefill"] = [b.describe() for b in proxy.prefill_pool.backends.values()]
+    if proxy.scaler is not None:
+        out["autoscaling"] = proxy.scaler.status()
     return out
 
 
