@@ -243,3 +243,33 @@ def test_a_new_replica_takes_new_prompts_and_leaves_the_old_ones_home():
     assert {k: router.choose(backends, k).backend.url for k in old} == homes
     new = [router.choose(backends, rng.randbytes(16)).backend.url for _ in range(4)]
     assert new == ["http://10.0.0.2:8000"] * 4
+
+
+def test_the_router_shows_the_fleet_on_its_page_backends_metrics_and_the_grafana_board():
+    """Scaled to zero, the router is healthy; /router/backends and /metrics carry the autoscaler's counts, and
+    every tokenmill_router series the Grafana board's router panels query is one the router exports."""
+    import json
+    import re
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from tokenmill.router.app import build_router_app
+
+    scaler, _, _ = _scaler()
+    scaler.pool.add(Backend("http://10.0.0.7:8000", starting=True))
+    with TestClient(build_router_app(scaler.pool, None, scaler=scaler)) as client:
+        assert client.get("/health").status_code == 200
+        page = client.get("/")
+        assert page.status_code == 200 and "/router/backends" in page.text
+        body = client.get("/router/backends").json()
+        assert body["backends"][0]["state"] == "starting"
+        assert body["autoscaling"]["max_replicas"] == 3 and body["autoscaling"]["current_replicas"] == 0
+        scaler.metrics.scaling_decisions.labels("up")
+        exported = {line.split("{")[0].split(" ")[0] for line in client.get("/metrics").text.splitlines()
+                    if line.startswith("tokenmill_router:")}
+    dashboard = json.loads((Path(__file__).parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    named = {m for p in dashboard["panels"] for t in p["targets"]
+             for m in re.findall(r"tokenmill_router:[a-z0-9_]+", t["expr"])}
+    assert {"tokenmill_router:desired_replicas", "tokenmill_router:current_replicas"} <= named
+    assert named <= exported, named - exported

@@ -1,13 +1,15 @@
-"""The router's endpoints as FastAPI routers: the OpenAI routes it proxies, its own health and metrics, and the
-admin API of a rollout (add, drain and remove replicas). Handlers find the `Proxy` on `request.app.state.proxy`."""
+"""The router's endpoints as FastAPI routers: the OpenAI routes it proxies, its own health, metrics and page (the
+fleet at /), and the admin API of a rollout (add, drain and remove replicas). Handlers find the `Proxy` on
+`request.app.state.proxy`."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 
 from tokenmill.router.backends import parse_backend
 from tokenmill.router.proxy import Proxy, forwarded_headers, router_error
@@ -44,6 +46,15 @@ async def models(raw: Request):
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             pool.mark_failed(b, str(e))
     return router_error(503, "no replica is available", retry_after=1)
+
+
+_PAGE = Path(__file__).resolve().parent / "static" / "index.html"
+
+
+@health_routes.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def page():
+    """The fleet at a glance: each replica's state and load, the autoscaler's counts over the last minutes."""
+    return HTMLResponse(_PAGE.read_text())
 
 
 @health_routes.get("/health")
