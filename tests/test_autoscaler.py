@@ -172,6 +172,26 @@ def test_a_draining_replica_is_stopped_only_after_its_last_request():
     asyncio.run(scenario())
 
 
+def test_a_draining_replica_takes_requests_again_when_the_load_comes_back():
+    async def scenario():
+        scaler, launcher, clock = _scaler(min_replicas=1, downscale_delay=0, upscale_delay=0)
+        await scaler._start_one()
+        await scaler._start_one()
+        _come_up(scaler)
+        first, second = scaler.active()
+        first.outstanding, second.outstanding = 2, 1
+        await scaler.step()                      # 3 ongoing: one replica is enough; `second` drains
+        assert second.draining
+        second.outstanding, first.outstanding = 1, 8   # a burst while its last request still runs
+        await scaler.step()
+        assert not second.draining and second.routable and launcher.n == 2 and not launcher.stopped
+        second.outstanding = 0
+        await asyncio.sleep(0.2)
+        assert not launcher.stopped              # its drain was called off
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_that_died_is_replaced():
     async def scenario():
         scaler, launcher, _ = _scaler(min_replicas=1)

@@ -36,7 +36,8 @@ class Autoscaler:
         self.replicas: list[str] = []       # the URLs it launched and has not stopped, oldest first
         self.draining: set[str] = set()
         self.last = ScalingDecision(config.initial_replicas, config.initial_replicas, "initial")
-        self._drains: set[asyncio.Task] = set()
+        self._drains: dict[str, asyncio.Task] = {}   # url -> its drain (cancelled if the load comes back)
+        self._stopping: set[str] = set()             # drained, being stopped: past taking requests again
 
     def active(self) -> list[Backend]:
         return [self.pool.backends[u] for u in self.replicas if u not in self.draining and u in self.pool.backends]
@@ -64,7 +65,8 @@ class Autoscaler:
             if self.metrics is not None:
                 self.metrics.scaling_decisions.labels("up" if decision.target > current else "down").inc()
         for _ in range(decision.target - current):
-            await self._start_one()
+            if not self._undrain_one():
+                await self._start_one()
         if decision.target < current:
             for b in self._to_drain(current - decision.target):
                 self._begin_drain(b)
@@ -95,13 +97,30 @@ class Autoscaler:
         self.draining.add(b.url)
         logger.info("draining replica %s (%d requests in flight)", b.url, b.outstanding)
         task = asyncio.get_running_loop().create_task(self._drain_and_stop(b))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
+        self._drains[b.url] = task
+        task.add_done_callback(lambda t: self._drains.pop(b.url) if self._drains.get(b.url) is t else None)
+
+    def _undrain_one(self) -> bool:
+        """The load came back while a replica still finishes its requests: it takes new ones again (warm, no cold
+        start). False when none is draining or each is already stopping."""
+        for url in [u for u in self.replicas if u in self.draining and u not in self._stopping]:
+            task = self._drains.pop(url, None)
+            if task is not None:
+                task.cancel()
+            self.draining.discard(url)
+            self.pool.backends[url].draining = False
+            logger.info("replica %s takes requests again (the load came back while it drained)", url)
+            return True
+        return False
 
     async def _drain_and_stop(self, b: Backend) -> None:
         while b.outstanding > 0:
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(self.launcher.stop, b.url)
+        self._stopping.add(b.url)
+        try:
+            await asyncio.to_thread(self.launcher.stop, b.url)
+        finally:
+            self._stopping.discard(b.url)
         self._forget(b.url)
 
     def _forget(self, url: str) -> None:
@@ -128,6 +147,6 @@ class Autoscaler:
                 logger.exception("autoscaler step failed")
 
     async def close(self) -> None:
-        for task in list(self._drains):
+        for task in list(self._drains.values()):
             task.cancel()
         await asyncio.to_thread(self.launcher.stop_all)

@@ -38,7 +38,12 @@ async def chat_completions(raw: Request):
 
 @openai_routes.get("/v1/models")
 async def models(raw: Request):
-    pool = _proxy(raw).pool
+    """A replica's list (scaled to zero, the request waits through a cold start like any other)."""
+    proxy = _proxy(raw)
+    problem = await proxy.wait_for_replica()
+    if problem is not None:
+        return router_error(503, problem, retry_after=5)
+    pool = proxy.pool
     for b in pool.routable():
         try:
             async with pool.session.get(b.url + "/v1/models", headers=forwarded_headers(raw)) as r:
