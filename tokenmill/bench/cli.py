@@ -43,6 +43,7 @@ def add_bench_parser(sub) -> None:
     _dataset_args(lat)
     lat.add_argument("--num-iters", type=int, default=5)
     lat.add_argument("--num-iters-warmup", type=int, default=1)
+    lat.add_argument("--batch-size", type=int, default=1, help="Prompts run together (each TPOT is a step of all).")
     add_engine_args(lat, positional_model=False)
     lat.set_defaults(func=run_latency)
 

@@ -73,13 +73,16 @@ def _loras(ns: argparse.Namespace, llm) -> list:
 
 
 def run_latency(ns: argparse.Namespace) -> int:
-    """TTFT = wall time of a 1-token request; TPOT = (time of the full request - TTFT) / (output_len - 1)."""
+    """TTFT = wall time of a 1-token request; TPOT = (time of the full request - TTFT) / (output_len - 1). With
+    --batch-size B (vLLM's flag), B distinct prompts run together: TTFT is the batch's prefill, TPOT a step of B."""
     apply_workload(ns)
     ns.enable_prefix_caching = False  # every iteration must recompute its prompt
+    if ns.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {ns.batch_size}")
     llm = _llm(ns)
     vocab = int(llm.config.model_config.hf_config.vocab_size)
-    prompt = {"prompt_token_ids": random_requests(1, ns.input_len, ns.output_len, 0, ns.dataset_seed, vocab)[0]
-              .prompt_token_ids}
+    prompt = [{"prompt_token_ids": r.prompt_token_ids}
+              for r in random_requests(ns.batch_size, ns.input_len, ns.output_len, 0, ns.dataset_seed, vocab)]
 
     def timed(n_out: int) -> float:
         t0 = time.perf_counter()
@@ -91,8 +94,9 @@ def run_latency(ns: argparse.Namespace) -> int:
     ttfts = [timed(1) for _ in range(ns.num_iters)]
     totals = [timed(ns.output_len) for _ in range(ns.num_iters)]
     ttft, total = statistics.median(ttfts), statistics.median(totals)
-    result = dict(workload=ns.workload, input_len=ns.input_len, output_len=ns.output_len,
-                  dtype=llm.config.model_config.dtype, num_iters=ns.num_iters, ttft_ms=ttft * 1000,
+    result = dict(workload=ns.workload, input_len=ns.input_len, output_len=ns.output_len, batch_size=ns.batch_size,
+                  dtype=llm.config.model_config.dtype, quantization=llm.config.model_config.quantization,
+                  num_iters=ns.num_iters, ttft_ms=ttft * 1000,
                   tpot_ms=(total - ttft) / max(ns.output_len - 1, 1) * 1000, avg_latency_s=statistics.mean(totals),
                   median_latency_s=total)
     emit(result, "Latency benchmark", ns.output_json)
