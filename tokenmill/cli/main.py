@@ -1,4 +1,4 @@
-"""`tokenmill serve | complete | chat | bench | router`."""
+"""`tokenmill serve | complete | chat | bench | router | plan`."""
 
 from __future__ import annotations
 
@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.router.cli import add_router_parser
 
     add_router_parser(sub)
+
+    from tokenmill.plan.cli import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 
