@@ -24,6 +24,7 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
+    start: float = 0.0        # seconds from the run's start
 
 
 def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
@@ -53,8 +54,12 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds before one request counts as failed.")
     p.add_argument("--sweep-rates", default=None, help="Comma-separated rates to run one after another, e.g. "
                                                          "0.5,1,2,4,inf (the latency-throughput curve).")
+    p.add_argument("--rate-schedule", default=None,
+                   help="A load over time instead of one rate: SECONDS:RATE pairs, e.g. 20:0.5,30:6,60:0 (the "
+                        "prompts are as many as arrive); against a router, its replica counts are sampled too.")
     p.add_argument("--plot", default=None, help="With --sweep-rates: draw TTFT and ITL p50/p99 against output "
-                                                "tok/s into this PNG.")
+                                                "tok/s into this PNG; with --rate-schedule: latency and replicas "
+                                                "over time.")
     p.add_argument("--compare", action="append", help="Another sweep's --output-json to overlay on the plot.")
     p.add_argument("--label", default=None, help="This server's name in the sweep file and plot.")
 
@@ -126,7 +131,13 @@ async def _first_model(session, base_url: str, headers: dict) -> str:
         return (await resp.json())["data"][0]["id"]
 
 
-async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
+async def _arrivals(n: int, rate: float, burstiness: float, seed: int, times: list[float] | None = None,
+                    start: float = 0.0):
+    if times is not None:   # a --rate-schedule: at its arrival times
+        for i, t in enumerate(times[:n]):
+            await asyncio.sleep(max(0.0, t - (time.perf_counter() - start)))
+            yield i
+        return
     rng = np.random.default_rng(seed)
     for i in range(n):
         yield i
@@ -137,6 +148,13 @@ async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
 async def _run(ns) -> dict:
     import aiohttp
 
+    from tokenmill.bench.timeline import FleetPoller, parse_schedule, schedule_arrivals
+
+    arrival_times = None
+    if ns.rate_schedule:
+        schedule = parse_schedule(ns.rate_schedule)
+        arrival_times = schedule_arrivals(schedule, ns.dataset_seed or 0)
+        ns.num_prompts = max(1, len(arrival_times))
     apply_workload(ns)
     reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed,
                            ns.vocab_size, num_prefixes=ns.num_prefixes)
@@ -157,18 +175,31 @@ async def _run(ns) -> dict:
 
         async def limited(i: int) -> RequestResult:
             body = _payload(ns, model, reqs[i].prompt_token_ids, texts[i], reqs[i].output_len)
+            t = time.perf_counter() - start
             if sem is None:
-                return await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
-            async with sem:
-                return await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
+                res = await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
+            else:
+                async with sem:
+                    res = await _one(session, ns, url, headers, body, len(reqs[i].prompt_token_ids))
+            res.start = t
+            return res
 
         start = time.perf_counter()
+        poller = FleetPoller(session, ns.base_url.rstrip("/"), headers, start) if arrival_times is not None else None
+        polling = asyncio.create_task(poller.run()) if poller else None
         tasks = []
-        async for i in _arrivals(len(reqs), rate, ns.burstiness, ns.dataset_seed):
+        async for i in _arrivals(len(reqs), rate, ns.burstiness, ns.dataset_seed, arrival_times, start):
             tasks.append(asyncio.create_task(limited(i)))
         results = await asyncio.gather(*tasks)
+        if poller:   # the schedule's quiet end: keep watching the fleet scale down
+            await asyncio.sleep(max(0.0, sum(s for s, _ in schedule) - (time.perf_counter() - start)))
+            polling.cancel()
         duration = time.perf_counter() - start
-    return _summarize(ns, model, rate, results, duration)
+    summary = _summarize(ns, model, rate, results, duration)
+    if poller:
+        summary.update(rate_schedule=ns.rate_schedule, timeline={
+            "requests": [[r.start, r.ttft, r.latency, r.success] for r in results], "fleet": poller.samples})
+    return summary
 
 
 def _summarize(ns, model: str, rate: float, results: list[RequestResult], duration: float) -> dict:
@@ -197,6 +228,11 @@ def run_serve_bench(ns: argparse.Namespace) -> int:
         return _run_sweep(ns)
     summary = asyncio.run(_run(ns))
     emit(summary, "Serving benchmark", ns.output_json)
+    if "timeline" in summary and ns.plot:
+        from tokenmill.bench.plot import plot_timeline
+
+        plot_timeline(summary["timeline"], ns.plot, ns.label or ns.base_url)
+        print(f"plot saved to {ns.plot}")
     for e in summary.get("errors", []):
         print(f"error: {e}")
     return 0 if summary["failed_requests"] == 0 else 1
