@@ -25,6 +25,7 @@ class Backend:
     kv_transfer: dict | None = None   # from its /load: role, address and block layout (disaggregated serving)
     role: str | None = None           # set by a disaggregating router: "prefill" or "decode"
     starting: bool = False            # launched by the autoscaler, not yet healthy once
+    models: frozenset[str] | None = None   # the model ids it answers to (base and LoRA adapters), from /v1/models
 
     @property
     def state(self) -> str:
@@ -42,6 +43,10 @@ class Backend:
     def routable(self) -> bool:
         return self.healthy and not self.draining and self.weight > 0
 
+    def serves(self, model: str) -> bool:
+        """Whether it answers to `model` (True while its list is not known yet)."""
+        return self.models is None or model in self.models
+
     def load(self) -> float:
         """What the least-loaded choice compares: requests in flight plus the replica's own queue, per weight."""
         return (self.outstanding + self.waiting) / self.weight
@@ -50,7 +55,7 @@ class Backend:
         return {"url": self.url, "state": self.state, "weight": self.weight, "healthy": self.healthy,
                 "draining": self.draining,
                 "outstanding": self.outstanding, "waiting": self.waiting, "kv_usage": self.kv_usage,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "models": sorted(self.models) if self.models is not None else None}
 
 
 def parse_backend(spec: str, weight: float = 1.0) -> Backend:
@@ -147,6 +152,7 @@ class BackendPool:
                         problem = self.pairing_problem(backend) if backend.role else None
                         if problem:
                             ok, error = False, problem
+                await self.refresh_models(backend, timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok, error = False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if ok and not backend.healthy:
@@ -155,6 +161,14 @@ class BackendPool:
         elif not ok and backend.healthy:
             logger.warning("backend %s left the rotation: %s", backend.url, error)
         backend.healthy, backend.last_error = ok, error
+
+    async def refresh_models(self, backend: Backend, timeout: aiohttp.ClientTimeout) -> None:
+        """Its model ids, so a request naming a LoRA adapter goes to a replica that serves it (adapters loaded at
+        run time show up within a health interval). A replica without the route keeps an unknown list."""
+        async with self.session.get(backend.url + "/v1/models", timeout=timeout) as r:
+            if r.status == 200:
+                cards = (await r.json()).get("data", [])
+                backend.models = frozenset(str(c.get("id")) for c in cards if isinstance(c, dict))
 
     async def health_loop(self, backends_file: str | None = None) -> None:
         while True:

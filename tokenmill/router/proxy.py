@@ -91,8 +91,9 @@ class Proxy:
             if address is not None:
                 data = json.dumps({**body, "kv_transfer_params": {"remote_address": address}}).encode()
         tried: set[str] = set()
+        model = body.get("model") if isinstance(body, dict) else None
         for attempt in range(2):
-            decision = self.router.choose(self.pool.routable(), key, tried)
+            decision = self.router.choose(self.serving(model), key, tried)
             if decision is None:
                 break
             b = decision.backend
@@ -125,6 +126,35 @@ class Proxy:
             return Response(content, status_code=resp.status, headers=_response_headers(resp, b))
         self.metrics.unrouted.inc()
         return router_error(503, "no replica is available to take the request", retry_after=1)
+
+    def serving(self, model) -> list[Backend]:
+        """The replicas in rotation that answer to `model` (a LoRA adapter may live on some only); all of them when
+        none lists it, so the replica's own 404 reaches the client."""
+        routable = self.pool.routable()
+        if not isinstance(model, str):
+            return routable
+        known = [b for b in routable if b.models is not None and model in b.models]
+        return known or routable
+
+    async def models(self, headers: dict) -> dict | None:
+        """Every routable replica's /v1/models merged by id, in the order first seen; None when none answered."""
+        async def one(b: Backend):
+            try:
+                async with self.pool.session.get(b.url + "/v1/models", headers=headers) as r:
+                    return (await r.json()).get("data", []) if r.status == 200 else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                self.pool.mark_failed(b, f"{type(e).__name__}: {e}")
+                return None
+
+        answers = await asyncio.gather(*(one(b) for b in self.pool.routable()))
+        if all(a is None for a in answers):
+            return None
+        merged: dict[str, dict] = {}
+        for cards in answers:
+            for card in cards or []:
+                if isinstance(card, dict):
+                    merged.setdefault(str(card.get("id")), card)
+        return {"object": "list", "data": list(merged.values())}
 
     async def prefill(self, path: str, body: dict, key: bytes | None, headers: dict) -> str | None:
         """Compute the prompt on a prefill instance (the request cut to one token, not streamed); the address

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
@@ -38,19 +37,16 @@ async def chat_completions(raw: Request):
 
 @openai_routes.get("/v1/models")
 async def models(raw: Request):
-    """A replica's list (scaled to zero, the request waits through a cold start like any other)."""
+    """The models of all replicas in rotation merged (the base model, and each LoRA adapter any replica serves);
+    scaled to zero, the request waits through a cold start like any other."""
     proxy = _proxy(raw)
     problem = await proxy.wait_for_replica()
     if problem is not None:
         return router_error(503, problem, retry_after=5)
-    pool = proxy.pool
-    for b in pool.routable():
-        try:
-            async with pool.session.get(b.url + "/v1/models", headers=forwarded_headers(raw)) as r:
-                return Response(await r.read(), status_code=r.status, media_type="application/json")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            pool.mark_failed(b, str(e))
-    return router_error(503, "no replica is available", retry_after=1)
+    merged = await proxy.models(forwarded_headers(raw))
+    if merged is None:
+        return router_error(503, "no replica is available", retry_after=1)
+    return merged
 
 
 _PAGE = Path(__file__).resolve().parent / "static" / "index.html"
