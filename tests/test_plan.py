@@ -117,7 +117,7 @@ def test_bad_plan_flags_are_errors_naming_the_flag(capsys, argv, flag):
 
 
 def test_the_command_prints_a_plan_and_the_same_as_json(capsys):
-    """`--device this` probes this machine's kernels (a few seconds): the JSON carries the issue's fields."""
+    """`--device this` probes this machine's kernels (about ten seconds): the JSON carries the issue's fields."""
     from tokenmill.cli.main import main
 
     assert main(["plan", "--json", "-q", "int8", "--request-rate", "4", "--price-per-hour", "0.5"]) == 0

@@ -16,7 +16,7 @@ def add_plan_parser(sub) -> None:
                                     "device profile, from its config alone (no weights loaded).")
     p.add_argument("model", nargs="?", default=None, help="A Hugging Face folder or .gguf file (default: the "
                                                           "embedded SmolLM2).")
-    p.add_argument("--device", default="this", help=f"this (probe this machine, ~1 s) or a profile: "
+    p.add_argument("--device", default="this", help=f"this (probe this machine, ~10 s) or a profile: "
                                                     f"{', '.join(PROFILES)}.")
     p.add_argument("--dtype", default="auto", help="Model dtype, as `serve --dtype` (auto: bfloat16 here).")
     p.add_argument("--quantization", "-q", choices=["int8", "int4"], default=None, help="Weight-only format.")
