@@ -7,7 +7,7 @@ ratio).
     python benchmarks/run.py --summary --out /tmp/bench               # the rows again, from OUT's files
 
 The peers are those of ../shared/peers (`./setup.sh` installs vLLM's CPU build and the model folders; `./setup.sh
-llamacpp` adds llama.cpp's server). Parts that need only tokenmill: quality, modes, w1-modes, w5.
+llamacpp` adds llama.cpp's server). Parts that need only tokenmill: quality, modes, w1-modes, w5, plan, autoscale.
 """
 
 from __future__ import annotations
@@ -185,9 +185,59 @@ def part_w8(b: Bench) -> None:
         b.sh([py, script, "--engine", engine, "--iters", "1"], f"w8_{engine}.jsonl", env=env)
 
 
+def part_plan(b: Bench, rounds: int = 2) -> None:
+    """`tokenmill plan` against `tokenmill bench latency` in bf16 and int8: each measurement between two plans
+    (their probes bracket the machine's speed at that minute); W2's shape alone and 16 prompts at once."""
+    rows = []
+    for r in range(rounds):
+        for mode in ("bf16", "int8"):
+            quant = [] if mode == "bf16" else ["--quantization", mode]
+            plans = []
+            for when in ("before", "after"):
+                if when == "after":
+                    b.tm_bench(["latency", "--workload", "W2", "--num-iters", "3", *quant], f"plan_lat1_{mode}_{r}")
+                    b.tm_bench(["latency", "--input-len", "128", "--output-len", "256", "--batch-size", "16",
+                                "--num-iters", "3", *quant], f"plan_lat16_{mode}_{r}")
+                out = subprocess.run([TM, "plan", "--json", "--batch-size", "16", *quant], capture_output=True,
+                                     text=True, cwd=ROOT).stdout
+                (b.out / f"plan_{mode}_{r}_{when}.json").write_text(out)
+                plans.append(json.loads(out)["predicted"])
+            one = json.loads((b.out / f"plan_lat1_{mode}_{r}.json").read_text())
+            many = json.loads((b.out / f"plan_lat16_{mode}_{r}.json").read_text())
+            for what, key, measured in (("TTFT, 128 tokens", "ttft_ms", one["ttft_ms"]),
+                                        ("TPOT, batch 1", "tpot_ms_batch1", one["tpot_ms"]),
+                                        ("TTFT, 16 x 128 tokens", "ttft_ms_batch", many["ttft_ms"]),
+                                        ("TPOT, batch 16", "tpot_ms_batch", many["tpot_ms"])):
+                predicted = sum(p[key] for p in plans) / 2
+                rows.append(f"| {mode} {what} | {predicted:.1f} | {measured:.1f} | {predicted / measured:.2f} |")
+    table = ["| what | plan (ms, mean of the two around it) | bench latency (ms) | plan / measured |",
+             "|---|---|---|---|", *rows]
+    (b.out / "plan_table.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+def part_autoscale(b: Bench) -> None:
+    """A load over time through `tokenmill router --min-replicas 0 --max-replicas 2`: quiet, a cold start, a
+    burst past one replica, quiet again down to zero; `bench serve` plots latency and replicas over time."""
+    router = b.server([TM, "router", "--port", "8000", "--min-replicas", "0", "--max-replicas", "2",
+                       "--target-ongoing-requests", "4", "--upscale-delay", "3", "--downscale-delay", "10",
+                       "--downscale-to-zero-delay", "15", "--replica-port-base", "8100"], 8000, "router.log",
+                      settle=1)
+    try:
+        # the model named, so the first request (not a /v1/models lookup) meets the cold start
+        b.tm_bench(["serve", "--base-url", "http://127.0.0.1:8000", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "--rate-schedule", "12:0.25,40:3,50:0",
+                    "--input-len", "128", "--output-len", "64", "--ignore-eos", "--dataset-seed", "5",
+                    "--label", "tokenmill router 0..2 replicas",
+                    "--plot", str(b.out / "autoscale_timeline.png")], "autoscale")
+    finally:
+        b.stop(router)
+
+
 PARTS: dict[str, Callable[[Bench], None]] = {
     "offline": part_offline, "w4": part_w4, "chat": part_chat, "llamacpp": part_llamacpp,
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
+    "plan": part_plan, "autoscale": part_autoscale,
 }
 
 
