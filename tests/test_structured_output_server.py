@@ -111,6 +111,27 @@ def stream_tool_calls(client, **kw) -> tuple[str, str, list[dict]]:
     return content, finish, [calls[i] for i in sorted(calls)]
 
 
+def test_a_required_call_the_model_would_repeat_ends_as_one_complete_call(client):
+    """Issue 58: asked for a poem with tools required, SmolLM2 at temperature 0 repeats its call until max_tokens
+    (4 copies and a cut fifth at 100 tokens, before the fix). The list closes before the repeat, streamed or not;
+    cut at 40 tokens, the half-written copy is dropped, so every returned call is complete JSON."""
+    m = model(client)
+    poem = [{"role": "user", "content": "Write a poem."}]
+    for max_tokens, wanted in ((100, "tool_calls"), (40, "length")):
+        kw = dict(model=m, messages=poem, tools=TOOLS, tool_choice="required", max_tokens=max_tokens,
+                  temperature=0)
+        r = client.chat.completions.create(**kw)
+        msg, finish = r.choices[0].message, r.choices[0].finish_reason
+        assert finish == wanted and msg.tool_calls, (max_tokens, finish, msg)
+        seen = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
+        assert len(set(seen)) == len(seen), seen
+        for name, arguments in seen:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+        content, s_finish, calls = stream_tool_calls(client, **kw)
+        assert (content, s_finish) == ("", finish)
+        assert calls == [{"name": n, "arguments": a} for n, a in seen]
+
+
 def test_required_and_named_tool_calls_always_valid_and_stream_the_same(client):
     m = model(client)
     tried, truncated = 0, 0

@@ -19,8 +19,10 @@ from tokenmill.entrypoints.openai.serving_common import (
     until_disconnected,
     value_error,
 )
+from tokenmill.entrypoints.openai.tool_repeats import without_repeated_calls
 from tokenmill.kv_transfer.config import check_kv_transfer_params
 from tokenmill.outputs import CompletionOutput
+from tokenmill.sampling_params import RequestOutputKind
 from tokenmill.structured_output.grammar_text import validate as validate_grammar
 from tokenmill.structured_output.reasoning import after_reasoning
 from tokenmill.structured_output.tools import (
@@ -83,10 +85,16 @@ class OpenAIServingChat:
             raise value_error(e) from e
         ctx.check_length(prompt, params, given)
         rid = req.request_id or random_id("chatcmpl")
+        # "required" calls are watched as they come, so the list closes before a call that repeats (tool_repeats)
+        unrepeated = choice.mode == "required" and req.n == 1 and options.reasoning_parser is None
+        if unrepeated:
+            params.output_kind = RequestOutputKind.DELTA
         try:
             stream = ctx.start(raw, [prompt], params, [rid], req.priority, req.checked_timeout())[0]
         except ValueError as e:
             raise value_error(e) from e
+        if unrepeated:
+            stream = without_repeated_calls(stream, whole=not req.stream)
         parser = tool_parser_for(choice, options)
         if req.stream:
             return StreamingResponse(self._stream(req, rid, prompt, stream, parser, choice),
