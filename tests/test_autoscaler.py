@@ -117,6 +117,15 @@ def _come_up(scaler: Autoscaler) -> None:
         b.healthy = True
 
 
+async def _two_up(**kw) -> tuple[Autoscaler, FakeLauncher, Clock]:
+    """A scaler with two replicas started and healthy."""
+    scaler, launcher, clock = _scaler(**kw)
+    await scaler._start_one()
+    await scaler._start_one()
+    _come_up(scaler)
+    return scaler, launcher, clock
+
+
 def test_the_scaler_starts_on_held_requests_and_drains_before_it_stops():
     async def scenario():
         scaler, launcher, clock = _scaler(downscale_delay=5, downscale_to_zero_delay=5)
@@ -154,10 +163,7 @@ def test_the_scaler_starts_on_held_requests_and_drains_before_it_stops():
 
 def test_a_draining_replica_is_stopped_only_after_its_last_request():
     async def scenario():
-        scaler, launcher, clock = _scaler(min_replicas=1, initial_replicas=2, downscale_delay=0)
-        await scaler._start_one()
-        await scaler._start_one()
-        _come_up(scaler)
+        scaler, launcher, clock = await _two_up(min_replicas=1, initial_replicas=2, downscale_delay=0)
         busy = scaler.active()[1]
         scaler.active()[0].outstanding, busy.outstanding = 3, 1
         # ongoing 4 -> 1 replica; the less busy (newer) one drains
@@ -174,10 +180,7 @@ def test_a_draining_replica_is_stopped_only_after_its_last_request():
 
 def test_a_draining_replica_takes_requests_again_when_the_load_comes_back():
     async def scenario():
-        scaler, launcher, clock = _scaler(min_replicas=1, downscale_delay=0, upscale_delay=0)
-        await scaler._start_one()
-        await scaler._start_one()
-        _come_up(scaler)
+        scaler, launcher, clock = await _two_up(min_replicas=1, downscale_delay=0, upscale_delay=0)
         first, second = scaler.active()
         first.outstanding, second.outstanding = 2, 1
         await scaler.step()                      # 3 ongoing: one replica is enough; `second` drains
