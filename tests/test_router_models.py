@@ -89,14 +89,17 @@ def test_the_router_lists_every_replicas_adapters_and_routes_each_to_a_replica_t
             _until(lambda: all(b.models is not None and b.healthy for b in pool.backends.values()))
             ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
             assert ids == ["base", "sql-lora"]           # merged by id, each once
-            served = {client.post("/v1/completions", json={"model": "sql-lora", "prompt": "x"}).json()["served_by"]
-                      for _ in range(8)}
+            answers = [client.post("/v1/completions", json={"model": "sql-lora", "prompt": "x"}) for _ in range(8)]
+            assert {r.status_code for r in answers} == {200}, [r.text for r in answers]
+            served = {r.json()["served_by"] for r in answers}
             assert served == {"a"}                       # only a has the adapter
             base = [client.post("/v1/completions", json={"model": "base", "prompt": "x"}) for _ in range(8)]
             assert {r.status_code for r in base} == {200}
             # an adapter loaded at run time on b shows up within a health interval, and b then takes its requests
             replicas.models["b"].append("chat-lora")
             _until(lambda: "chat-lora" in [m["id"] for m in client.get("/v1/models").json()["data"]])
+            # routing follows the lists the health checks keep (the merged list above is fetched live)
+            _until(lambda: "chat-lora" in (pool.backends[replicas.url("b")].models or ()))
             r = client.post("/v1/completions", json={"model": "chat-lora", "prompt": "x"})
             assert r.json()["served_by"] == "b" and r.headers["x-routed-to"] == replicas.url("b")
             # a model no replica lists reaches a replica, whose own 404 the client gets

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenmill.config import KV_CACHE_DTYPES
+
 _BLOCK = 16          # output rows per block of the native quantized kernels
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-_KV_ITEMSIZE = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class ModelShape:
         return self.vocab_size * self.hidden_size
 
     def kv_bytes_per_token(self, dtype: str, cache_dtype: str = "auto") -> int:
-        itemsize = _KV_ITEMSIZE.get(cache_dtype) or _ITEMSIZE[dtype]
+        itemsize = KV_CACHE_DTYPES.get(cache_dtype) or _ITEMSIZE[dtype]
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
     def flops_per_decoded_token(self, context: int) -> float:

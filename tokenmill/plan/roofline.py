@@ -74,8 +74,8 @@ class Roofline:
         # the KV stream and attention's flops: the plain read bandwidth and bf16 rate (no kernel probe for them)
         self.kv_bandwidth = device.bandwidth_gbs * 1e9 * (eff.bandwidth if self.measured is None else 1.0)
         self.attention_flops = peak * 1e12 * (eff.decode_flops["none"] if self.measured is None else 0.5)
-        self.head_bytes = decode_weight_bytes(shape, dtype, quantization, group_size) - \
-            decode_weight_bytes(shape.without_lm_head(), dtype, quantization, group_size)
+        self.head_bytes = self.weight_bytes - decode_weight_bytes(shape.without_lm_head(), dtype, quantization,
+                                                                  group_size)
 
     def linear_time(self, rows: int, weight_bytes: int, flops_per_row: float, flops_rate: float) -> float:
         """Seconds for matmuls over `weight_bytes` of weights with `rows` rows: from the measured kernel times

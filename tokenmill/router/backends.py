@@ -43,10 +43,6 @@ class Backend:
     def routable(self) -> bool:
         return self.healthy and not self.draining and self.weight > 0
 
-    def serves(self, model: str) -> bool:
-        """Whether it answers to `model` (True while its list is not known yet)."""
-        return self.models is None or model in self.models
-
     def load(self) -> float:
         """What the least-loaded choice compares: requests in flight plus the replica's own queue, per weight."""
         return (self.outstanding + self.waiting) / self.weight

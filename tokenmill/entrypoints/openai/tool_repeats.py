@@ -44,9 +44,10 @@ class CallList:
         return CallList(items, False)
 
 
-def close_before_repeat(text: str) -> str | None:
-    """The answer closed before its first complete call that repeats an earlier one; None while there is none."""
-    calls = CallList.scan(text)
+def close_before_repeat(text: str, calls: CallList | None = None) -> str | None:
+    """The answer closed before its first complete call that repeats an earlier one; None while there is none.
+    (`calls`: the text's scan, when the caller has it.)"""
+    calls = calls or CallList.scan(text)
     if len(calls.items) < 2 or calls.closed:
         return None
     spans = [text[s:e] for s, e in calls.items]
@@ -54,19 +55,19 @@ def close_before_repeat(text: str) -> str | None:
     return None if first is None else text[:calls.items[first - 1][1]] + "]"
 
 
-def close_at_last_call(text: str, sent: int) -> str | None:
+def close_at_last_call(text: str, sent: int, calls: CallList | None = None) -> str | None:
     """At max_tokens: the list closed after its last complete call, dropping the cut one, when none of the cut
     one has been streamed yet; else None."""
-    calls = CallList.scan(text)
+    calls = calls or CallList.scan(text)
     if calls.closed or not calls.items or sent > calls.items[-1][1]:
         return None
     return text[:calls.items[-1][1]] + "]"
 
 
-def safe_length(text: str) -> int:
+def safe_length(text: str, calls: CallList | None = None) -> int:
     """How much of the text can be streamed: all of it, unless what follows the last complete call could still
     turn into a repeat (a separator, and the start of an earlier call's exact text)."""
-    calls = CallList.scan(text)
+    calls = calls or CallList.scan(text)
     if calls.closed or not calls.items:
         return len(text)
     last_end = calls.items[-1][1]
@@ -93,17 +94,18 @@ async def without_repeated_calls(stream: AsyncIterator[RequestOutput], whole: bo
             token_ids += c.token_ids
             if c.logprobs is not None:
                 logprobs += c.logprobs
-            closed = close_before_repeat(text)
+            calls = CallList.scan(text)   # once a delta: the three checks below share it
+            closed = close_before_repeat(text, calls)
             if closed is not None:
                 text, c = closed, replace(c, finish_reason="stop", stop_reason=None)
                 ro = replace(ro, finished=True)
             elif c.finish_reason == "length":
-                text = close_at_last_call(text, 0 if whole else sent) or text
+                text = close_at_last_call(text, 0 if whole else sent, calls) or text
             if whole and ro.finished:
                 yield replace(ro, outputs=[replace(c, text=text, token_ids=token_ids,
                                                    logprobs=logprobs if c.logprobs is not None else None)])
             elif not whole:
-                upto = len(text) if ro.finished else max(sent, safe_length(text))
+                upto = len(text) if ro.finished else max(sent, safe_length(text, calls))
                 yield replace(ro, outputs=[replace(c, text=text[sent:upto])])
                 sent = upto
             if ro.finished:
