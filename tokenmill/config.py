@@ -92,7 +92,8 @@ class EngineArgs:
               f"server, whose clients watch tokens stream; no cap offline (LLM, complete, chat), where throughput "
               f"comes first (vLLM, too, picks its step budget by entry point).")
     max_num_seqs: int = _arg(256, "Most requests running at once.")
-    scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first).",
+    scheduling_policy: str = _arg("fcfs", "Order of waiting requests: fcfs, or priority (lower first; a waiting "
+                                  "request preempts running ones of lower priority when it does not fit).",
                                   choices=["fcfs", "priority"])
     max_queue_time: float | None = _arg(None, "Seconds a request may wait before it is first scheduled; past it, "
                                               "the engine aborts it and the client gets an error (overload).")

@@ -32,10 +32,10 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request, count: bool = True) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a request in whole blocks. The last prompt token is always
         recomputed, because its logits are needed; prompt logprobs and mean or first-token pooling need every
-        position computed (a cached block has no outputs)."""
+        position computed (a cached block has no outputs). `count=False` looks without adding to the hit rate."""
         sp = request.sampling_params
         if not self.enable_caching or sp.prompt_logprobs is not None or sp.pooling in ("mean", "cls"):
             return [], 0
@@ -46,8 +46,9 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        self.stats.queries += request.num_tokens
-        self.stats.hits += len(blocks) * self.block_size
+        if count:
+            self.stats.queries += request.num_tokens
+            self.stats.hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
     def _fits(self, num_needed: int, computed_blocks: list[KVCacheBlock]) -> bool:

@@ -79,12 +79,16 @@ class Scheduler:
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
         spec: dict[str, list[int]] = {}
+        displaced: list[Request] = []
+        if self.config.policy == "priority":   # the most urgent first, so the budget and the blocks go to them
+            self.running.sort(key=lambda r: (r.priority, r.arrival_time))
+            displaced = self._displace_for_waiting()
         budget, prompt_budget = self._schedule_running(budget, self._prompt_tokens_allowed(), num_scheduled,
                                                        new_blocks, preempted, spec)
         admitted: list[Request] = []
         if not preempted:
             self._schedule_waiting(budget, prompt_budget, num_scheduled, admitted)
-        return self._build_output(num_scheduled, new_blocks, admitted, preempted, spec)
+        return self._build_output(num_scheduled, new_blocks, admitted, displaced + preempted, spec)
 
     def _prompt_tokens_allowed(self) -> int:
         """Prompt tokens this step may compute: the cap while any running request is decoding (its next token is
@@ -161,6 +165,46 @@ class Scheduler:
         self.num_preemptions += 1
         self._stats.num_preemptions += 1
         self.waiting.prepend(req)
+
+    def _displace_for_waiting(self) -> list[Request]:
+        """Priority policy: while the first waiting request is short of a sequence slot, of KV room for all of
+        it, or of the step's token budget, preempt the lowest-priority running request, but only one of strictly
+        lower priority (a larger value), so equals never displace each other and the victims are recomputed
+        later (their full blocks stay in the prefix cache). Returns the requests preempted."""
+        displaced: list[Request] = []
+        while len(self.waiting) and self.running:
+            head = self.waiting.peek()
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            if victim.priority <= head.priority or not self._lora_fits(head) or self._fits_now(head):
+                break
+            self._preempt(victim)
+            displaced.append(victim)
+        return displaced
+
+    def _lora_fits(self, req: Request) -> bool:
+        lora = req.lora_request
+        if lora is None:
+            return True
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        return lora.lora_int_id in loras or len(loras) < self.config.max_loras
+
+    def _fits_now(self, req: Request) -> bool:
+        """Whether a waiting request would be admitted with its whole first chunk beside what is running."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(req, count=False)
+        if not self.kv_cache_manager.has_room(req, computed_blocks):
+            return False
+        demand = sum(self._step_demand(r) for r in self.running)
+        need = min(self._prompt_chunk(req.num_tokens - num_computed), self._prompt_tokens_allowed())
+        return self.config.max_num_batched_tokens - demand >= need
+
+    def _step_demand(self, req: Request) -> int:
+        """The tokens a running request asks of a step: its prompt chunk, or its decode token and drafts."""
+        remaining = req.num_tokens - req.num_computed_tokens
+        if remaining > 1:
+            return self._prompt_chunk(remaining)
+        return remaining + self._num_useful_drafts(req)
 
     def _schedule_waiting(self, budget: int, prompt_budget: int, num_scheduled: dict[str, int],
                           admitted: list[Request]) -> None:
