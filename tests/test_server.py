@@ -432,3 +432,31 @@ def test_the_page_in_a_real_browser(server, tmp_path):
         assert len(charts) == 5 and all(points.count(",") > 1 for points in charts)
         assert "USD / 1M output tokens" in page.inner_text("#cards")
         browser.close()
+
+
+def test_beam_search_over_the_api_equals_offline(server, smol_llm):
+    """vLLM's use_beam_search: completions give the offline LLM.beam_search beams in its order (best_of beams kept,
+    n returned); chat returns n beams; what cannot combine with it is a 400 naming the field."""
+    from tokenmill.beam_search import BeamSearchParams
+
+    prompt = "The capital of France is"
+    offline = smol_llm.beam_search(prompt, BeamSearchParams(beam_width=3, max_tokens=6))[0]
+    body = {"model": "smol", "prompt": prompt, "max_tokens": 6, "n": 2, "best_of": 3, "use_beam_search": True}
+    r = requests.post(server.url + "/v1/completions", json=body, headers=_auth())
+    assert r.status_code == 200, r.text
+    assert [c["text"] for c in r.json()["choices"]] == [s.text for s in offline.sequences[:2]]
+    assert r.json()["usage"]["completion_tokens"] == sum(len(s.output_token_ids) for s in offline.sequences[:2])
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 5, "n": 2,
+            "use_beam_search": True, "stream": True}
+    with requests.post(server.url + "/v1/chat/completions", json=chat, headers=_auth(), stream=True) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines(decode_unicode=True)
+                  if line.startswith("data: {")]
+    texts = {}
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
+    assert len(texts) == 2 and texts[0] != texts[1]
+    for bad, field in (({"temperature": 0.8}, "temperature"), ({"response_format": {"type": "json_object"}},
+                                                                 "response_format")):
+        r = requests.post(server.url + "/v1/chat/completions", json={**chat, "stream": False, **bad}, headers=_auth())
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text

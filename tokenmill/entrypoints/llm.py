@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tokenmill.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, TopLogprobs, run_beam_search, top_of
 from tokenmill.config import EngineArgs
 from tokenmill.engine.create_config import create_engine_config
 from tokenmill.engine.engine_core import EngineCore
@@ -62,6 +63,29 @@ class LLM:
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         _set_loras(processed, lora_request)
         return self._run(processed, params, priority, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search, with transformers' rules (`tokenmill/beam_search.py`): every step scores
+        all running beams of all prompts as one batch of one-token requests, whose shared history the prefix cache
+        serves."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
+                                                isinstance(prompts[0], int)):
+            prompts = [prompts]
+        processed = [self.input_processor.process_prompt(p) for p in prompts]
+        mc = self.config.model_config
+        searches = [BeamSearch(p.prompt_token_ids, params, mc.eos_token_ids, self.config.scheduler_config.max_model_len)
+                    for p in processed]
+        run_beam_search(searches, lambda lists, counts: self._top_logprobs(lists, counts, lora_request))
+        return [s.result(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)) for s in searches]
+
+    def _top_logprobs(self, lists: list[list[int]], counts: list[int],
+                      lora_request: LoRARequest | None) -> list[TopLogprobs]:
+        params = [SamplingParams(max_tokens=1, temperature=0, logprobs=n, ignore_eos=True)
+                  for n in counts]
+        outs = self.generate([{"prompt_token_ids": ids} for ids in lists], params, use_tqdm=False,
+                             lora_request=lora_request)
+        return [top_of(o.outputs[0].logprobs[0], n) for o, n in zip(outs, counts)]
 
     def embed(self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True,
               normalize: bool = True) -> list[PoolingRequestOutput]:

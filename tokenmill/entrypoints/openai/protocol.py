@@ -52,6 +52,8 @@ class _SamplingRequest(BaseModel):
     cache_salt: str | None = None   # only requests with the same salt share cached prefix blocks (tenants)
     kv_transfer_params: dict[str, Any] | None = None   # disaggregated serving: {"remote_address": tcp://...}
     timeout: float | None = None    # seconds; past it the request is aborted and answered with a 408 error
+    use_beam_search: bool = False   # vLLM's: n beams (best_of in completions, if larger) by transformers' rules
+    length_penalty: float = 1.0     # beam search: a hypothesis scores cum_logprob / generated_len ** length_penalty
 
     def checked_timeout(self) -> float | None:
         if self.timeout is not None and not self.timeout > 0:

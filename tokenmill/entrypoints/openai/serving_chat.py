@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tokenmill.engine.input_processor import check_cache_salt
 from tokenmill.entrypoints.openai.chat_output import ChatDeltaStream, chat_message, finish_reason, tool_parser_for
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, now, random_id
+from tokenmill.entrypoints.openai.serving_beam import beam_search_params, beam_stream
 from tokenmill.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServingContext,
@@ -85,6 +86,14 @@ class OpenAIServingChat:
             raise value_error(e) from e
         ctx.check_length(prompt, params, given)
         rid = req.request_id or random_id("chatcmpl")
+        try:
+            beams = beam_search_params(req, params.max_tokens)
+        except ValueError as e:
+            raise value_error(e) from e
+        if beams is not None:
+            stream = beam_stream(ctx, raw, prompt, beams, req.n, rid, req.priority, req.checked_timeout(),
+                                 req.stop_token_ids)
+            return await self._respond(req, rid, prompt, stream, tool_parser_for(choice, options), choice, raw)
         # "required" calls are watched as they come, so the list closes before a call that repeats (tool_repeats)
         unrepeated = choice.mode == "required" and req.n == 1 and options.reasoning_parser is None
         if unrepeated:
@@ -95,7 +104,10 @@ class OpenAIServingChat:
             raise value_error(e) from e
         if unrepeated:
             stream = without_repeated_calls(stream, whole=not req.stream)
-        parser = tool_parser_for(choice, options)
+        return await self._respond(req, rid, prompt, stream, tool_parser_for(choice, options), choice, raw)
+
+    async def _respond(self, req: ChatCompletionRequest, rid: str, prompt, stream, parser, choice: ToolChoice,
+                       raw: Request):
         if req.stream:
             return StreamingResponse(self._stream(req, rid, prompt, stream, parser, choice),
                                      media_type="text/event-stream")

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.input_processor import check_cache_salt
 from tokenmill.entrypoints.openai.protocol import CompletionRequest, now, random_id
+from tokenmill.entrypoints.openai.serving_beam import beam_search_params, beam_stream
 from tokenmill.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServingContext,
@@ -61,9 +62,13 @@ class OpenAIServingCompletion:
         lora = ctx.check_request(req)
         if req.suffix:
             raise value_error(ValueError("suffix is not supported"))
-        if req.best_of is not None and req.best_of != req.n:
-            raise value_error(ValueError("best_of must equal n: beam-style best_of is not supported"))
+        if req.best_of is not None and req.best_of != req.n and not req.use_beam_search:
+            raise value_error(ValueError("best_of must equal n unless use_beam_search is set"))
         params = sampling_params(req.to_sampling_params, 16)
+        try:
+            beams = beam_search_params(req, params.max_tokens, req.best_of)
+        except ValueError as e:
+            raise value_error(e) from e
         try:
             prompts = [engine.input_processor.process_prompt(p) for p in _prompts(req.prompt)]
             for p in prompts:
@@ -75,9 +80,13 @@ class OpenAIServingCompletion:
         for p in prompts:
             ctx.check_length(p, params, req.max_tokens is not None)
         rid = req.request_id or random_id("cmpl")
+        ids = [f"{rid}-{i}" for i in range(len(prompts))]
         try:
-            streams = ctx.start(raw, prompts, params, [f"{rid}-{i}" for i in range(len(prompts))], req.priority,
-                                req.checked_timeout())
+            if beams is not None:
+                streams = [beam_stream(ctx, raw, p, beams, req.n, i, req.priority, req.checked_timeout(),
+                                       req.stop_token_ids) for p, i in zip(prompts, ids)]
+            else:
+                streams = ctx.start(raw, prompts, params, ids, req.priority, req.checked_timeout())
         except ValueError as e:
             raise value_error(e) from e
         if req.stream:
