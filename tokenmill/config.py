@@ -242,6 +242,7 @@ class ModelConfig:
     quantization: str | None = None
     quantization_group_size: int = 32
     enforce_eager: bool = False   # no native decoder stack: every layer through Python
+    num_labels: int = 0           # a cross-encoder's (*ForSequenceClassification) score head width; 0: generative
 
     def kv_bytes_per_token(self, cache_dtype: str = "auto") -> int:
         itemsize = KV_CACHE_DTYPES.get(cache_dtype) or (4 if self.dtype == "float32" else 2)

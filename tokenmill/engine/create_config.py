@@ -78,9 +78,18 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=args.seed,
                        attention_backend=args.attention_backend, cpu_bind=args.cpu_bind,
                        speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
-                       kv_transfer_config=kv_transfer, pooler=args.pooler, lora_config=lora)
+                       kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora)
     cfg.log_summary()
     return cfg
+
+
+def _pooler(pooler: str | None, model_config) -> str | None:
+    """A cross-encoder always pools its last token (its score head reads it there, as transformers does)."""
+    if not model_config.num_labels:
+        return pooler
+    if pooler not in (None, "last"):
+        raise ValueError(f"pooler must be last (or unset) for a cross-encoder, got {pooler!r}")
+    return "last"
 
 
 def _checked_lora(args: EngineArgs, parallel: ParallelConfig):

@@ -14,6 +14,14 @@ from tokenmill.engine.engine_core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptType, child_params
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import RequestStatus
+from tokenmill.entrypoints.scoring import (
+    ScoringOutput,
+    ScoringRequestOutput,
+    cosine,
+    cross_encoder_score,
+    pair_token_ids,
+    score_pairs,
+)
 from tokenmill.lora.request import LoRARequest, check_lora_request
 from tokenmill.model.tokenizer import load_tokenizer
 from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
@@ -60,6 +68,7 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         # Validate everything before anything runs: a bad prompt must not leave half a batch behind.
+        self._check_generative()
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         _set_loras(processed, lora_request)
         return self._run(processed, params, priority, use_tqdm)
@@ -72,6 +81,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
                                                 isinstance(prompts[0], int)):
             prompts = [prompts]
+        self._check_generative()
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         mc = self.config.model_config
         searches = [BeamSearch(p.prompt_token_ids, params, mc.eos_token_ids, self.config.scheduler_config.max_model_len)
@@ -97,16 +107,43 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
                                                 isinstance(prompts[0], int)):
             prompts = [prompts]
-        processed = [self.input_processor.process_prompt(p) for p in prompts]
-        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, pooling=pooler, normalize=normalize)
-        outs = self._run(processed, [params] * len(processed), None, use_tqdm)
+        outs = self._pooled(prompts, normalize, use_tqdm)
         return [PoolingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding)) for o in outs]
+
+    def _pooled(self, prompts: list, normalize: bool, use_tqdm: bool) -> list[RequestOutput]:
+        processed = [self.input_processor.process_prompt(p) for p in prompts]
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, pooling=self.config.pooler,
+                                normalize=normalize)
+        return self._run(processed, [params] * len(processed), None, use_tqdm)
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score: a cross-encoder scores each pair as one prompt (the sigmoid of its logit); an
+        embedding model (pooler=...) gives the cosine of the two texts' embeddings."""
+        pairs = score_pairs(text_1, text_2)
+        if self.config.model_config.num_labels:
+            prompts = [{"prompt_token_ids": pair_token_ids(self.tokenizer, a, b)} for a, b in pairs]
+            return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(cross_encoder_score(
+                o.embedding))) for o in self._pooled(prompts, False, use_tqdm)]
+        if self.config.pooler is None:
+            raise ValueError("score: this model is neither a cross-encoder (*ForSequenceClassification) nor served "
+                             "with a pooler (pooler='last', 'mean' or 'cls' gives cosine scores of embeddings)")
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        vecs = dict(zip(texts, (o.embedding for o in self._pooled(texts, True, use_tqdm))))
+        return [ScoringRequestOutput(str(i), [], ScoringOutput(cosine(vecs[a], vecs[b])))
+                for i, (a, b) in enumerate(pairs)]
+
+    def _check_generative(self) -> None:
+        if self.config.model_config.num_labels:
+            raise ValueError("this model is a cross-encoder (*ForSequenceClassification): it scores pairs "
+                             "(LLM.score) and does not generate")
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              **template_kwargs: Any) -> list[RequestOutput]:
+        self._check_generative()
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [self.input_processor.apply_chat_template(c, add_generation_prompt, chat_template, **template_kwargs)
                  for c in conversations]

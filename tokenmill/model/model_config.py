@@ -63,7 +63,7 @@ def _eos_token_ids(path: str, fmt: str, hf_config) -> tuple[int, ...]:
 
 def load_model_config(args: EngineArgs) -> ModelConfig:
     from tokenmill.config import ModelConfig, check_quantization
-    from tokenmill.model.registry import model_class_name
+    from tokenmill.model.registry import model_class_name, num_labels_of
     from tokenmill.platform import device_type
 
     source = resolve_model(args.model)
@@ -81,7 +81,7 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
         head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
-        enforce_eager=args.enforce_eager)
+        enforce_eager=args.enforce_eager, num_labels=num_labels_of(hf_config))
 
 
 def model_max_len(hf_config) -> int:

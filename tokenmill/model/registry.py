@@ -13,6 +13,11 @@ _MODELS: dict[str, str] = {
     "MixtralForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
     "Qwen2MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
     "Qwen3MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    # cross-encoders (/v1/score, /v1/rerank): the decoder and a score head at the last token
+    "LlamaForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
+    "MistralForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
+    "Qwen3ForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
 }
 
 
@@ -27,6 +32,14 @@ def model_class_name(hf_config) -> str:
         if arch in _MODELS:
             return _MODELS[arch]
     raise ValueError(f"unknown architecture {archs or '(none)'}; supported: {', '.join(supported_architectures())}")
+
+
+def num_labels_of(hf_config) -> int:
+    """A cross-encoder's number of labels (its score head's width); 0 for a generative model."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return int(getattr(hf_config, "num_labels", 1) or 1)
+    return 0
 
 
 def model_class(hf_config) -> type:

@@ -384,6 +384,7 @@ class ModelRunner:
         mean, the first position for cls), and at the prompt's last chunk the embedding (last: its final row)."""
         md = inp.attn_metadata
         qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
+        head = getattr(self.model, "pooled_output", None)
         for r, rid in enumerate(inp.req_ids):
             state = self.requests[rid]
             kind = state.sampling_params.pooling
@@ -401,6 +402,8 @@ class ModelRunner:
                 vec = rows[-1]
             else:
                 vec = state.pool_acc / state.num_prompt_tokens if kind == "mean" else state.pool_acc
+            if head is not None:   # a cross-encoder: its label logits
+                vec = head(vec)
             if state.sampling_params.normalize:
                 vec = torch.nn.functional.normalize(vec, dim=0)
             result.pooled[rid] = vec.tolist()

@@ -30,6 +30,7 @@ from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLi
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from tokenmill.entrypoints.openai.serving_models import LoRAModulePath, parse_lora_modules
+from tokenmill.entrypoints.openai.serving_score import OpenAIServingScore
 from tokenmill.metrics import Metrics
 from tokenmill.utils import PROCESS_START, init_logger
 
@@ -47,7 +48,8 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
         lora = ctx.models.add(module.name, module.path, module.base_model_name)
         logger.info("LoRA adapter %s (id %d): %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
     parts = ServerParts(engine, ctx, metrics, liveness or Liveness(), OpenAIServingCompletion(ctx),
-                        OpenAIServingChat(ctx), OpenAIServingEmbedding(ctx), recent, allow_runtime_lora_updating)
+                        OpenAIServingChat(ctx), OpenAIServingEmbedding(ctx), OpenAIServingScore(ctx), recent,
+                        allow_runtime_lora_updating)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -107,6 +107,9 @@ class ServingContext:
     def check_request(self, req) -> LoRARequest | None:
         """The model (its adapter, if it names one), then every size limit (400 naming the field)."""
         lora = self.check_model(req.model)
+        if self.engine.config.model_config.num_labels:
+            raise APIError(400, "this model is a cross-encoder (*ForSequenceClassification): it scores pairs "
+                                "(/v1/score, /v1/rerank) and does not generate", "model")
         try:
             self.input_limits.check(req)
         except ValueError as e:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from tokenmill.entrypoints.openai.serving_common import ServingContext
     from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
     from tokenmill.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+    from tokenmill.entrypoints.openai.serving_score import OpenAIServingScore
     from tokenmill.metrics import Metrics
 
 
@@ -27,6 +28,7 @@ class ServerParts:
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
     embeddings: OpenAIServingEmbedding
+    scores: OpenAIServingScore
     recent: RecentActivity | None = None
     allow_runtime_lora_updating: bool = False
 
