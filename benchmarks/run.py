@@ -7,7 +7,8 @@ ratio).
     python benchmarks/run.py --summary --out /tmp/bench               # the rows again, from OUT's files
 
 The peers are those of ../shared/peers (`./setup.sh` installs vLLM's CPU build and the model folders; `./setup.sh
-llamacpp` adds llama.cpp's server). Parts that need only tokenmill: quality, modes, w1-modes, w5, plan, autoscale.
+llamacpp` adds llama.cpp's server). Parts that need only tokenmill: quality, modes, w1-modes, w5, plan, autoscale,
+offload.
 """
 
 from __future__ import annotations
@@ -234,10 +235,16 @@ def part_autoscale(b: Bench) -> None:
         b.stop(router)
 
 
+def part_offload(b: Bench) -> None:
+    """TTFT with and without the KV offload tier, system prompts 4x the KV cache (benchmarks/offload_ttft.py)."""
+    b.sh([PY, "benchmarks/offload_ttft.py", "--out", str(b.out / "offload.json")], "offload.log")
+    print((b.out / "offload.json").read_text())
+
+
 PARTS: dict[str, Callable[[Bench], None]] = {
     "offline": part_offline, "w4": part_w4, "chat": part_chat, "llamacpp": part_llamacpp,
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
-    "plan": part_plan, "autoscale": part_autoscale,
+    "plan": part_plan, "autoscale": part_autoscale, "offload": part_offload,
 }
 
 

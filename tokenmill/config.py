@@ -79,6 +79,12 @@ class EngineArgs:
     kv_cache_memory: str | None = _arg(None, "KV-cache size in bytes or like '4GiB'. Default: a quarter of free "
                                              "memory, at most 4 GiB.")
     num_gpu_blocks_override: int | None = _arg(None, "Exact number of KV-cache blocks (overrides --kv-cache-memory).")
+    kv_offload_bytes: str | None = _arg(None, "Host RAM for KV blocks evicted from the KV cache, in bytes or like "
+                                              "'8GiB': kept by their prefix hash and copied back when a later prompt "
+                                              "continues past the cache's hits (needs prefix caching). Off by default.")
+    kv_offload_dir: str | None = _arg(None, "A folder for a second, disk tier under --kv-offload-bytes: blocks pushed "
+                                            "out of its RAM are written here (at most --kv-offload-disk-bytes).")
+    kv_offload_disk_bytes: str = _arg("16GiB", "Most bytes of blocks --kv-offload-dir keeps.")
     enable_prefix_caching: bool = _arg(True, "Reuse the KV cache of full blocks shared with earlier prompts.")
     enable_chunked_prefill: bool = _arg(True, "Split long prompts into chunks across steps.")
     max_num_batched_tokens: int = _arg(2048, "Token budget of one engine step.")
@@ -256,6 +262,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"           # a key of KV_CACHE_DTYPES
     calculate_kv_scales: bool = False
+    offload_blocks: int = 0             # blocks the host-RAM offload tier holds (0: no tier)
+    offload_disk_blocks: int = 0        # blocks its disk tier holds (0: none)
+    offload_dir: str | None = None
 
     def kv_bytes_per_token(self, m: ModelConfig) -> int:
         return m.kv_bytes_per_token(self.cache_dtype)
@@ -310,6 +319,12 @@ class EngineConfig:
                         len(p.stage_layers(m.num_layers, 0)))
         if self.speculative_config is not None:
             logger.info("speculative decoding: %s", self.speculative_config.describe())
+        if c.offload_blocks:
+            block_bytes = kv_bytes // max(c.num_blocks, 1)
+            logger.info("KV offload tier: %d blocks (%s) in host RAM%s; evicted blocks are kept by prefix hash",
+                        c.offload_blocks, format_bytes(c.offload_blocks * block_bytes),
+                        f", {c.offload_disk_blocks} ({format_bytes(c.offload_disk_blocks * block_bytes)}) on disk in "
+                        f"{c.offload_dir}" if c.offload_disk_blocks else "")
         if c.cache_dtype != "auto":
             logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
                         "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),

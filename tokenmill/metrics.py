@@ -39,6 +39,8 @@ class Metrics:
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.offload_hits = counter("prefix_cache_offload_hits", "Of the prefix-cache hits, prompt tokens copied back "
+                                    "from the KV offload tier (beyond the KV cache's memory).")
         self.preemptions = counter("num_preemptions", "Requests preempted to free KV-cache blocks.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
@@ -73,6 +75,7 @@ class Metrics:
         self.kv_usage.set(s.kv_cache_usage)
         self.prefix_queries.inc(s.prefix_cache_queries)
         self.prefix_hits.inc(s.prefix_cache_hits)
+        self.offload_hits.inc(s.prefix_cache_offload_hits)
         self.preemptions.inc(s.num_preemptions)
         self.prompt_tokens.inc(s.num_prompt_tokens)
         self.generation_tokens.inc(s.num_generation_tokens)

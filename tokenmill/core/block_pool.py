@@ -24,7 +24,7 @@ padding and unused block-table entries point at it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +73,8 @@ class BlockPool:
         self.reserved = np.zeros(num_blocks + 1, dtype=bool)  # softly kept for a request's growth
         self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()   # free with a hash; LRU first
         self.cached: dict[bytes, KVCacheBlock] = {}
+        # called with a free cached block that is about to lose its hash for reuse (the KV offload tier's hook)
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None
         # the largest block id ever handed out: blocks above it have never held a value (what the idle
         # pre-fault of the KV cache may write over)
         self.high_water = 0
@@ -93,6 +95,11 @@ class BlockPool:
         if block is None or block.block_hash != block_hash:   # compares token ids too: no collision is trusted
             return None
         return block
+
+    def take_plain(self) -> KVCacheBlock | None:
+        """One plain (hash-free) block, the lowest free one, or None; never evicts a cached block."""
+        ids = np.flatnonzero(self.plain & ~self.reserved)[:1].tolist() or np.flatnonzero(self.plain)[:1].tolist()
+        return self._take(ids)[0] if ids else None
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """n blocks for a new owner that reserves nothing past them."""
@@ -189,6 +196,8 @@ class BlockPool:
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
+            if self.on_evict is not None:
+                self.on_evict(block)
             if self.cached.get(block.block_hash.value) is block:
                 del self.cached[block.block_hash.value]
             block.block_hash = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenmill.core.block_pool import BlockPool, KVCacheBlock
+from tokenmill.core.kv_offload import OffloadIndex
 from tokenmill.engine.request import Request
 from tokenmill.utils import cdiv
 
@@ -15,14 +16,19 @@ MAX_AHEAD = 16
 @dataclass
 class PrefixCacheStats:
     queries: int = 0   # prompt tokens looked up
-    hits: int = 0      # of those, found in the cache
+    hits: int = 0      # of those, found in the cache (the offload tier's included)
+    offload_hits: int = 0   # of the hits, copied back from the offload tier (beyond the device cache)
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 offload: OffloadIndex | None = None):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
+        self.offload = offload if enable_caching else None
+        if self.offload is not None:
+            self.pool.on_evict = lambda block: self.offload.evicted(block.block_id, block.block_hash)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}   # how many of a request's blocks are registered in the cache
         self.reserved_until: dict[str, int] = {}      # the end of a request's soft reservation past its last block
@@ -46,10 +52,29 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
+        restored = self._restore(request, blocks, max_blocks) if count and self.offload is not None else 0
         if count:
             self.stats.queries += request.num_tokens
             self.stats.hits += len(blocks) * self.block_size
+            self.stats.offload_hits += restored * self.block_size
         return blocks, len(blocks) * self.block_size
+
+    def _restore(self, request: Request, blocks: list[KVCacheBlock], max_blocks: int) -> int:
+        """Extend the device cache's hits with the offload tier's: each next block it holds is copied back (at the
+        start of the next step) into a free block, which becomes an ordinary cached block; the device hits are
+        held meanwhile so that making room never evicts them. Returns how many came back."""
+        self.pool.touch(blocks)
+        restored = []
+        for block_hash in request.block_hashes[len(blocks):max_blocks]:
+            if not self.pool.num_free_blocks or not self.offload.find(block_hash):
+                break
+            block = self.pool.get_new_blocks(1)[0]   # evicting the least recently used block if it must
+            self.pool.cache_full_blocks([block], [block_hash], 0, 1)
+            self.offload.restore(block_hash, block.block_id)
+            restored.append(block)
+        self.pool.free_blocks(blocks + restored)   # free and cached: the request's allocation takes them as hits
+        blocks.extend(restored)
+        return len(restored)
 
     def _fits(self, num_needed: int, computed_blocks: list[KVCacheBlock]) -> bool:
         """Whether num_needed new blocks are free besides the cached blocks about to be taken: cached blocks with no

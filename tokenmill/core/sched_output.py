@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.core.kv_offload import OffloadOps
 from tokenmill.lora.request import LoRARequest
 from tokenmill.sampling_params import SamplingParams
 
@@ -41,6 +42,7 @@ class SchedulerOutput:
     # draft tokens to verify, per request: they are the last of its scheduled tokens
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     grammar_bitmask: Any = None   # a structured_output GrammarBitmask when constrained requests sample this step
+    kv_offload: OffloadOps | None = None   # copies to and from the KV offload tier, done before the forward
 
 
 @dataclass

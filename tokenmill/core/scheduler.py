@@ -18,6 +18,7 @@ import time
 
 from tokenmill.config import CacheConfig, SchedulerConfig
 from tokenmill.core.kv_cache_manager import KVCacheManager
+from tokenmill.core.kv_offload import OffloadIndex
 from tokenmill.core.request_queue import make_queue
 from tokenmill.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from tokenmill.engine.messages import EngineCoreOutput, SchedulerStats
@@ -28,8 +29,10 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
         self.config = scheduler_config
         self.block_size = cache_config.block_size
+        offload = (OffloadIndex(cache_config.offload_blocks, cache_config.offload_disk_blocks)
+                   if cache_config.offload_blocks else None)
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+                                               cache_config.enable_prefix_caching, offload)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -266,6 +269,8 @@ class Scheduler:
                               finished_req_ids=self.finished_req_ids,
                               preempted_req_ids={r.request_id for r in preempted},
                               scheduled_spec_decode_tokens=spec)
+        if kv.offload is not None:
+            out.kv_offload = kv.offload.take_ops()
         self.finished_req_ids = set()
         self._track_peak()
         return out
@@ -374,4 +379,5 @@ class Scheduler:
         stats.num_running_reqs, stats.num_waiting_reqs = len(self.running), len(self.waiting)
         stats.kv_cache_usage = self.kv_cache_manager.usage
         stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
+        stats.prefix_cache_offload_hits = prefix.offload_hits
         return stats

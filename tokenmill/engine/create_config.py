@@ -8,6 +8,7 @@ parsers, while the configs themselves stay leaves that any layer may import.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from tokenmill.config import (
     DEFAULT_KV_CEILING,
@@ -141,7 +142,29 @@ def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = No
         raise ValueError(f"kv_cache_memory is too small for one block of {bytes_per_block} bytes")
     return CacheConfig(block_size=args.block_size, num_blocks=int(num_blocks),
                        enable_prefix_caching=args.enable_prefix_caching, cache_dtype=args.kv_cache_dtype,
-                       calculate_kv_scales=args.calculate_kv_scales or args.kv_cache_dtype == "int8")
+                       calculate_kv_scales=args.calculate_kv_scales or args.kv_cache_dtype == "int8",
+                       **_offload_tier(args, bytes_per_block))
+
+
+def _offload_tier(args: EngineArgs, bytes_per_block: int) -> dict:
+    """The offload tier's capacities in blocks (--kv-offload-bytes, --kv-offload-dir)."""
+    if args.kv_offload_bytes is None:
+        if args.kv_offload_dir is not None:
+            raise ValueError("kv_offload_dir is the disk tier under kv_offload_bytes: set kv_offload_bytes too")
+        return {}
+    if args.speculative_config:
+        raise ValueError("kv_offload_bytes: not combined with speculative decoding yet (a draft's own cache would "
+                         "lack the blocks copied back)")
+    if not args.enable_prefix_caching:
+        raise ValueError("kv_offload_bytes needs prefix caching: offloaded blocks are found by their prefix hash")
+    ram = parse_bytes(args.kv_offload_bytes, "kv_offload_bytes") // bytes_per_block
+    if ram < 1:
+        raise ValueError(f"kv_offload_bytes is too small for one block of {bytes_per_block} bytes")
+    disk = 0
+    if args.kv_offload_dir is not None:
+        os.makedirs(args.kv_offload_dir, exist_ok=True)
+        disk = parse_bytes(args.kv_offload_disk_bytes, "kv_offload_disk_bytes") // bytes_per_block
+    return dict(offload_blocks=int(ram), offload_disk_blocks=int(disk), offload_dir=args.kv_offload_dir)
 
 
 def _resolve_max_model_len(args: EngineArgs, m: ModelConfig, c: CacheConfig) -> int:

@@ -327,7 +327,7 @@ class EngineCore:
             so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
             self.profile.idle()
-            if so.finished_req_ids:  # let the runner drop finished requests even on an idle step
+            if so.finished_req_ids or so.kv_offload:  # the runner drops finished requests, copies offloaded blocks
                 self.executor.execute_model(so)
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
                                      errors=errors, timed_out=timed_out)

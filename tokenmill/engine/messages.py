@@ -48,6 +48,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0    # since the previous stats
     prefix_cache_hits: int = 0
+    prefix_cache_offload_hits: int = 0   # of the hits, copied back from the KV offload tier
     num_preemptions: int = 0         # since the previous stats
     num_prompt_tokens: int = 0       # computed since the previous stats
     num_generation_tokens: int = 0

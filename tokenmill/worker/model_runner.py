@@ -61,6 +61,7 @@ class ModelRunner:
         self.profile = StepProfile()
         self.proposer = None
         self.lora_manager = None
+        self.kv_offload = None   # the offload tier's store (--kv-offload-bytes)
         self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
@@ -91,6 +92,10 @@ class ModelRunner:
             layer.calibrate_scales = c.calculate_kv_scales
         if self.proposer is not None:
             self.proposer.initialize_kv_cache(c.num_blocks + 1, c.block_size)
+        if c.offload_blocks:
+            from tokenmill.worker.kv_offload_store import KVOffloadStore
+
+            self.kv_offload = KVOffloadStore(self.kv_caches, c.offload_dir)
 
     def prefault_kv(self, first_block: int, end_block: int) -> bool:
         """Write zeros (what they hold) over blocks [first_block, end_block) of every layer's cache: the CPU
@@ -195,6 +200,9 @@ class ModelRunner:
         """The step's sampled tokens; None on a rank that does not sample (a pipeline stage before the last,
         or a tensor-parallel rank other than the first), which only takes its part in the collectives."""
         self._update_states(so)
+        if so.kv_offload is not None and self.kv_offload is not None:
+            with self.profile.phase("kv_offload"):
+                self.kv_offload.apply(so.kv_offload)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
