@@ -29,14 +29,20 @@ def tokens_of(outputs, rid: str) -> int:
     return sum(len(o.new_token_ids) for o in outputs if o.request_id == rid)
 
 
-def test_high_priority_displaces_for_kv_memory():
-    # 7 blocks of 4 tokens: "low" holds 5 of them after 3 steps; "high" needs 3 and would wait for low to end
-    s = make_scheduler(num_blocks=7, budget=64, max_seqs=4, policy="priority")
+def low_then_high(policy: str):
+    """7 blocks of 4 tokens: "low" holds 5 of them after 3 steps; then "high" arrives, needing 3, so it would wait
+    for low to end. Returns the scheduler, its runner, outputs and preemptions so far."""
+    s = make_scheduler(num_blocks=7, budget=64, max_seqs=4, policy=policy)
     runner, outputs, preempted = FakeRunner(), [], []
     add(s, "low", 16, max_tokens=8, priority=5)
     for _ in range(3):
         step(s, runner, outputs, preempted)
     add(s, "high", 12, max_tokens=4, priority=0, base=300)
+    return s, runner, outputs, preempted
+
+
+def test_high_priority_displaces_for_kv_memory():
+    s, runner, outputs, preempted = low_then_high("priority")
     so = step(s, runner, outputs, preempted)
     assert so.preempted_req_ids == {"low"} and "high" in so.num_scheduled_tokens
     order = drain(s, runner, outputs, preempted)
@@ -93,12 +99,7 @@ def test_equal_priorities_never_displace_each_other():
 
 
 def test_fcfs_policy_ignores_priority():
-    s = make_scheduler(num_blocks=7, budget=64, max_seqs=4, policy="fcfs")
-    runner, outputs, preempted = FakeRunner(), [], []
-    add(s, "low", 16, max_tokens=8, priority=5)
-    for _ in range(3):
-        step(s, runner, outputs, preempted)
-    add(s, "high", 12, max_tokens=4, priority=0, base=300)
+    s, runner, outputs, preempted = low_then_high("fcfs")
     assert drain(s, runner, outputs, preempted) == ["low", "high"] and preempted == []
 
 
