@@ -63,9 +63,12 @@ class KVCacheManager:
         """Extend the device cache's hits with the offload tier's: each next block it holds is copied back (at the
         start of the next step) into a free block, which becomes an ordinary cached block; the device hits are
         held meanwhile so that making room never evicts them. Returns how many came back."""
+        following = request.block_hashes[len(blocks):max_blocks]
+        if not following or not self.offload.find(following[0]):
+            return 0   # (the usual lookup: nothing to copy back, the device hits untouched)
         self.pool.touch(blocks)
         restored = []
-        for block_hash in request.block_hashes[len(blocks):max_blocks]:
+        for block_hash in following:
             if not self.pool.num_free_blocks or not self.offload.find(block_hash):
                 break
             block = self.pool.get_new_blocks(1)[0]   # evicting the least recently used block if it must

@@ -60,10 +60,7 @@ class LLM:
                  use_tqdm: bool = True, priority: Sequence[int] | None = None,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """`lora_request`: one adapter for every prompt, or one (or None, the base model) per prompt."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
-                                                isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
@@ -78,9 +75,7 @@ class LLM:
         """vLLM's offline beam search, with transformers' rules (`tokenmill/beam_search.py`): every step scores
         all running beams of all prompts as one batch of one-token requests, whose shared history the prefix cache
         serves."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
-                                                isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = prompt_list(prompts)
         self._check_generative()
         processed = [self.input_processor.process_prompt(p) for p in prompts]
         mc = self.config.model_config
@@ -104,9 +99,7 @@ class LLM:
         pooler = self.config.pooler
         if pooler is None:
             raise ValueError("embed: this LLM was made without pooling; pass pooler='last', 'mean' or 'cls'")
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
-                                                isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = prompt_list(prompts)
         outs = self._pooled(prompts, normalize, use_tqdm)
         return [PoolingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding)) for o in outs]
 
@@ -201,6 +194,13 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[rid] for rid in ids]
+
+
+def prompt_list(prompts) -> list:
+    """One prompt (a string, a prompt dict or a list of token ids) or several, as a list of prompts."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)
 
 
 def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,

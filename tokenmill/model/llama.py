@@ -95,14 +95,17 @@ class LlamaForCausalLM(nn.Module):
         for module in reversed(list(self.modules())):  # children first: a parent may read their kernels
             if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
+        self.logits_head = self._make_logits_head()
+
+    def _make_logits_head(self):
+        """The kernel compute_logits runs, once the layers hold their loaded weights."""
         if not self.last_stage:
-            self.logits_head = None
-        elif self.tied:  # the head gets its own copy of the embedding, packed or quantized
-            self.logits_head = self.lm_head_method.make_kernel("lm_head", self.lm_head.weight, None,
-                                                               self.lm_head.quantized)
+            return None
+        if self.tied:  # the head gets its own copy of the embedding, packed or quantized
+            head = self.lm_head_method.make_kernel("lm_head", self.lm_head.weight, None, self.lm_head.quantized)
             self.lm_head.quantized = None
-        else:
-            self.logits_head = self.lm_head.kernel
+            return head
+        return self.lm_head.kernel
 
     def set_enforce_eager(self, eager: bool) -> None:
         """--enforce-eager: every step through the Python layers, none through the native decoder stack."""

@@ -17,11 +17,8 @@ class LlamaForSequenceClassification(LlamaForCausalLM):
         self.lm_head = None
         self.score = Linear(cfg.hidden_size, int(cfg.num_labels))
 
-    def process_weights_after_loading(self) -> None:
-        for module in reversed(list(self.modules())):
-            if module is not self and hasattr(module, "process_weights_after_loading"):
-                module.process_weights_after_loading()
-        self.logits_head = self.score.kernel
+    def _make_logits_head(self):
+        return self.score.kernel
 
     def attach_quant_method(self, method) -> None:
         """The decoder's layers take `method`; the small score head stays unquantized."""

@@ -27,7 +27,7 @@ class KVOffloadStore:
             kind = op[0]
             if kind == "save":
                 _, block_id, key = op
-                self.ram[key] = torch.stack([cache[:, block_id] for cache in self.kv_caches]).to("cpu", copy=True)
+                self.ram[key] = torch.stack([cache[:, block_id] for cache in self.kv_caches]).cpu()   # (a copy)
             elif kind == "load":
                 _, key, block_id = op
                 data = self.ram.get(key)
