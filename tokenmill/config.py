@@ -132,6 +132,19 @@ class EngineArgs:
     pooler: str | None = _arg(None, "Serve embeddings too (/v1/embeddings, LLM.embed): the final hidden states of "
                                     "a prompt pooled as last (its last token), mean or cls (its first token), "
                                     "L2-normalised. Off by default.", choices=["last", "mean", "cls"])
+    limit_mm_per_prompt: str | dict | None = _arg(
+        None, "Vision models: most media items one prompt may carry, as vLLM's JSON, e.g. '{\"image\": 4}' "
+              "(default 8 images).")
+    max_image_pixels: int = _arg(4096 * 4096, "Vision models: the largest image accepted, in pixels (width x height); "
+                                             "a larger one is refused with a 400.")
+    max_media_bytes: str = _arg("20MiB", "Vision models: the largest encoded image accepted (an upload, a data: "
+                                         "URL or a fetched http(s) body).")
+    media_fetch_timeout: float = _arg(5.0, "Vision models: seconds an http(s) image_url may take to fetch.")
+    allowed_local_media_path: str | None = _arg(None, "Vision models: a folder whose files file: image URLs may "
+                                                      "read (vLLM's flag). Default: no file: URLs.")
+    allowed_media_domains: str | list | None = _arg(
+        None, "Vision models: the only hosts http(s) image URLs may name, comma-separated (vLLM's flag); listed "
+              "hosts may be private. Default: any public host, no private or local addresses.")
     enable_lora: bool = _arg(False, "Serve LoRA adapters (PEFT folders): each request may name one, and requests of "
                                     "different adapters and of the base model share a batch.")
     max_loras: int = _arg(1, "Adapters that one engine step can run (their weights are stacked in slots).")
@@ -249,6 +262,13 @@ class ModelConfig:
     quantization_group_size: int = 32
     enforce_eager: bool = False   # no native decoder stack: every layer through Python
     num_labels: int = 0           # a cross-encoder's (*ForSequenceClassification) score head width; 0: generative
+    # a vision-language model's whole config (its vision_config, image token, projector); hf_config above is then
+    # its text_config, which everything that runs the language model reads. None: a text model
+    mm_hf_config: Any = None
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.mm_hf_config is not None
 
     def kv_bytes_per_token(self, cache_dtype: str = "auto") -> int:
         itemsize = KV_CACHE_DTYPES.get(cache_dtype) or (4 if self.dtype == "float32" else 2)
@@ -289,6 +309,26 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class MediaOptions:
+    """The front end's limits on media input (vLLM's flag names where it has them)."""
+    max_image_pixels: int = 4096 * 4096
+    max_media_bytes: int = 20 << 20
+    fetch_timeout: float = 5.0                 # seconds for a whole http(s) fetch
+    allowed_local_media_path: str | None = None   # file: URLs under this folder; None: no file: URLs
+    allowed_media_domains: tuple[str, ...] = ()   # only these hosts when set (private ones too); else public only
+
+
+@dataclass(frozen=True)
+class MultiModalConfig:
+    """What a vision model's engine holds for media: the encoder cache (embeddings kept by content hash, so an
+    image sent again is not encoded again) and the embeddings the encoder may compute in one step."""
+    limit_per_prompt: dict[str, int]
+    encoder_cache_tokens: int
+    encoder_budget_tokens: int
+    max_tokens_per_item: int
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -302,6 +342,8 @@ class EngineConfig:
     kv_transfer_config: Any = None      # kv_transfer.config.KVTransferConfig
     pooler: str | None = None           # embeddings: "last" | "mean" | "cls"; None: not served
     lora_config: Any = None             # lora.config.LoRAConfig when adapters are served
+    mm_config: MultiModalConfig | None = None   # vision models: the encoder cache and its budget
+    media: MediaOptions = field(default_factory=MediaOptions)   # vision models: what images the front end takes
 
     def log_summary(self) -> None:
         m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config
@@ -325,6 +367,12 @@ class EngineConfig:
                         c.offload_blocks, format_bytes(c.offload_blocks * block_bytes),
                         f", {c.offload_disk_blocks} ({format_bytes(c.offload_disk_blocks * block_bytes)}) on disk in "
                         f"{c.offload_dir}" if c.offload_disk_blocks else "")
+        if self.mm_config is not None:
+            mm = self.mm_config
+            logger.info("encoder cache: %d embeddings (%d images of %d), up to %d encoded a step; at most %s a "
+                        "prompt", mm.encoder_cache_tokens, mm.encoder_cache_tokens // max(mm.max_tokens_per_item, 1),
+                        mm.max_tokens_per_item, mm.encoder_budget_tokens,
+                        ", ".join(f"{n} {k}s" for k, n in mm.limit_per_prompt.items()))
         if c.cache_dtype != "auto":
             logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
                         "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),

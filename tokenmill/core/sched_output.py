@@ -7,6 +7,7 @@ from typing import Any
 
 from tokenmill.core.kv_offload import OffloadOps
 from tokenmill.lora.request import LoRARequest
+from tokenmill.multimodal.inputs import MultiModalFeature
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -20,6 +21,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     lora_request: LoRARequest | None = None
+    mm_features: list[MultiModalFeature] | None = None   # its images: the runner encodes those it is told to
 
 
 @dataclass
@@ -43,6 +45,10 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     grammar_bitmask: Any = None   # a structured_output GrammarBitmask when constrained requests sample this step
     kv_offload: OffloadOps | None = None   # copies to and from the KV offload tier, done before the forward
+    # the encoder stage (vision models): each request's items to encode before the forward (indices into its
+    # mm_features), and encoder-cache entries to drop first
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

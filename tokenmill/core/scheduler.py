@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 
-from tokenmill.config import CacheConfig, SchedulerConfig
+from tokenmill.config import CacheConfig, MultiModalConfig, SchedulerConfig
+from tokenmill.core.encoder_cache import EncoderCacheManager
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.kv_offload import OffloadIndex
 from tokenmill.core.request_queue import make_queue
@@ -26,8 +27,12 @@ from tokenmill.engine.request import Request, RequestStatus
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 mm_config: MultiModalConfig | None = None):
         self.config = scheduler_config
+        # a vision model's encoder stage: a range of a prompt reaches an image only once its embeddings are there
+        self.encoder = (EncoderCacheManager(mm_config.encoder_cache_tokens, mm_config.encoder_budget_tokens)
+                        if mm_config is not None else None)
         self.block_size = cache_config.block_size
         offload = (OffloadIndex(cache_config.offload_blocks, cache_config.offload_disk_blocks)
                    if cache_config.offload_blocks else None)
@@ -68,6 +73,8 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
+        if self.encoder is not None:
+            self.encoder.release(req)
         self.kept_block_ids.pop(req.request_id, None)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
@@ -110,8 +117,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             remaining = req.num_tokens - req.num_computed_tokens
+            encode: list[int] = []
             if remaining > 1:   # a prompt (or its recomputation): its chunk counts against the prompt budget
-                num_new = prompt = min(self._prompt_chunk(remaining), budget, prompt_budget)
+                num_new = min(self._prompt_chunk(remaining), budget, prompt_budget)
+                num_new, encode = self._media_plan(req, req.num_computed_tokens, num_new)
+                prompt = num_new
             else:               # a decode: its token and drafts
                 num_new, prompt = min(remaining + self._num_useful_drafts(req), budget), 0
             if num_new <= 0:
@@ -127,6 +137,8 @@ class Scheduler:
                 blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
             if blocks is None:
                 break  # the request itself was preempted: no room for anything after it either
+            if req.mm_features and self.encoder is not None:
+                self.encoder.commit(req, req.num_computed_tokens, num_new, encode)
             num_scheduled[req.request_id] = num_new
             prompt_budget -= prompt
             new_blocks[req.request_id] = [b.block_id for b in blocks]
@@ -137,6 +149,13 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget, prompt_budget
+
+    def _media_plan(self, req: Request, start: int, num_new: int) -> tuple[int, list[int]]:
+        """A prompt chunk cut before the first image whose embeddings the encoder cannot have ready this step,
+        and the request's items to encode (see core/encoder_cache.py); a text request's chunk as it is."""
+        if not req.mm_features or self.encoder is None:
+            return num_new, []
+        return self.encoder.plan(req, start, num_new)
 
     def _prompt_chunk(self, num_new: int) -> int:
         """A request's new tokens for this step, capped at long_prefill_token_threshold (vLLM's name) when set."""
@@ -160,6 +179,8 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv_cache_manager.free(req)
+        if self.encoder is not None:
+            self.encoder.release(req)
         self.kept_block_ids.pop(req.request_id, None)
         req.status = RequestStatus.PREEMPTED
         req.spec_token_ids = []
@@ -228,6 +249,7 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(self._prompt_chunk(num_new), budget, prompt_budget)
+            num_new, encode = self._media_plan(req, num_computed, num_new)
             if num_new <= 0:
                 break
             # the whole request must fit, not only its first chunk: admitted on a chunk's room, its later chunks
@@ -239,6 +261,8 @@ class Scheduler:
                 break
             self.waiting.pop()
             self.running.append(req)
+            if req.mm_features and self.encoder is not None:
+                self.encoder.commit(req, num_computed, num_new, encode)
             req.num_computed_tokens = num_computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
@@ -257,20 +281,26 @@ class Scheduler:
                       spec: dict[str, list[int]]) -> SchedulerOutput:
         kv = self.kv_cache_manager
         new_reqs = [NewRequestData(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, r.sampling_params,
-                                   kv.get_block_ids(r.request_id), r.num_computed_tokens, r.lora_request)
+                                   kv.get_block_ids(r.request_id), r.num_computed_tokens, r.lora_request,
+                                   r.mm_features or None)
                     for r in admitted]
         kept = self.kept_block_ids
         cached = [CachedRequestData(rid, blocks, self.requests[rid].num_computed_tokens, kept.pop(rid, -1))
                   for rid, blocks in new_blocks.items()]
         for rid, n in num_scheduled.items():
-            self.requests[rid].num_computed_tokens += n
-            self.requests[rid].status = RequestStatus.RUNNING
+            req = self.requests[rid]
+            req.num_computed_tokens += n
+            req.status = RequestStatus.RUNNING
+            if req.mm_features and self.encoder is not None:
+                self.encoder.passed(req)
         out = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
                               finished_req_ids=self.finished_req_ids,
                               preempted_req_ids={r.request_id for r in preempted},
                               scheduled_spec_decode_tokens=spec)
         if kv.offload is not None:
             out.kv_offload = kv.offload.take_ops()
+        if self.encoder is not None:
+            out.scheduled_encoder_inputs, out.free_encoder_ids = self.encoder.take_step()
         self.finished_req_ids = set()
         self._track_peak()
         return out

@@ -93,7 +93,7 @@ class AsyncLLM:
             if self.client is not None:
                 self.client.shutdown()   # not left waiting for requests (a parallel engine's would block the exit)
             raise
-        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(config.model_config, self.tokenizer, config.mm_config, config.media)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_observers = stat_observers or []
         self.last_scheduler_stats = None   # the engine's latest SchedulerStats (queue, KV usage), for /load

@@ -24,6 +24,7 @@ from tokenmill.config import (
 from tokenmill.kv_transfer.config import parse_kv_transfer_config
 from tokenmill.lora.config import LoRAConfig
 from tokenmill.model.model_config import load_model_config
+from tokenmill.multimodal.engine_config import media_options, mm_config_for
 from tokenmill.platform import available_memory_bytes, parse_cpu_list
 from tokenmill.spec_decode.config import check_against_max_model_len, parse_speculative_config
 from tokenmill.spec_decode.draft_config import load_draft_model_config
@@ -76,10 +77,14 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
     if args.cpu_bind not in ("auto", "none"):
         parse_cpu_list(args.cpu_bind)
+    mm = mm_config_for(args, model_config, batched)
+    if mm is not None and (spec is not None or parallel.world_size > 1):
+        raise ValueError("a vision model runs without speculative decoding and tensor or pipeline parallel for now")
     cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=args.seed,
                        attention_backend=args.attention_backend, cpu_bind=args.cpu_bind,
                        speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
-                       kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora)
+                       kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora,
+                       mm_config=mm, media=media_options(args))
     cfg.log_summary()
     return cfg
 

@@ -20,6 +20,7 @@ from tokenmill.core.block_hash import extend_block_hashes
 from tokenmill.engine.core_client import AsyncMPClient
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.request import prefix_salt
+from tokenmill.multimodal.inputs import mm_spans
 from tokenmill.router.backends import Backend
 from tokenmill.router.policy import Router
 from tokenmill.utils import init_logger
@@ -71,7 +72,7 @@ class DataParallelClient:
         bs = self.config.cache_config.block_size
         ids = req.prompt_token_ids[: bs * AFFINITY_BLOCKS]
         hashes: list = []
-        extend_block_hashes(hashes, ids, bs, prefix_salt(req.cache_salt, req.lora_request))
+        extend_block_hashes(hashes, ids, bs, prefix_salt(req.cache_salt, req.lora_request), mm_spans(req.mm_features))
         decision = self.router.choose(self.engines, hashes[-1].value if hashes else None)
         return self.engines.index(decision.backend)
 

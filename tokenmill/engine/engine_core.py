@@ -72,7 +72,7 @@ class EngineCore:
         from tokenmill.structured_output.manager import StructuredOutputManager
 
         self.config = config
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.mm_config)
         if executor is None:
             from tokenmill.executor.factory import make_executor
 
@@ -207,9 +207,11 @@ class EngineCore:
         max_tokens = min(sp.max_tokens, room) if sp.max_tokens is not None else room
         if req.lora_request is not None:
             self._check_lora(req.lora_request)
+        if req.mm_features:
+            self._check_media(req)
         request = Request(req.request_id, req.prompt_token_ids, sp, max(max_tokens, 1),
                           self.config.cache_config.block_size, req.arrival_time, req.priority, req.cache_salt,
-                          req.lora_request)
+                          req.lora_request, req.mm_features)
         request.deadline = req.deadline
         self._watch_deadlines |= req.deadline is not None
         address = (req.kv_transfer_params or {}).get("remote_address")
@@ -221,6 +223,18 @@ class EngineCore:
                 self.waiting_for_kv[req.request_id] = (request, pull)
                 return
         self._admit(request)
+
+    def _check_media(self, req: EngineCoreRequest) -> None:
+        mm = self.config.mm_config
+        if mm is None:
+            raise ValueError("this model takes no images (it has no vision tower)")
+        n = len(req.prompt_token_ids)
+        for f in req.mm_features:
+            if not 0 <= f.offset < f.end <= n:
+                raise ValueError(f"an image's placeholders [{f.offset}, {f.end}) fall outside the prompt of {n}")
+            if f.length > mm.encoder_cache_tokens:
+                raise ValueError(f"an image of {f.length} embeddings is larger than the encoder cache "
+                                 f"({mm.encoder_cache_tokens})")
 
     def _check_lora(self, lora) -> None:
         """An adapter is checked against the model once (its config and tensor shapes), before any request runs it."""

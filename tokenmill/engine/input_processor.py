@@ -6,11 +6,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.config import ModelConfig
+from tokenmill.config import MediaOptions, ModelConfig, MultiModalConfig
 from tokenmill.engine.engine_core import validate_prompt_length
 from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.kv_transfer.config import check_kv_transfer_params
 from tokenmill.lora.request import LoRARequest
+from tokenmill.multimodal.inputs import MultiModalFeature
 from tokenmill.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any] | list[int]
@@ -23,22 +24,36 @@ class ProcessedPrompt:
     cache_salt: str | None = None   # vLLM's field: only requests with the same salt share cached prefix blocks
     kv_transfer_params: dict | None = None   # vLLM's field: where a prefill instance holds this prompt's KV
     lora_request: LoRARequest | None = None   # the adapter the request runs with
+    mm_features: list[MultiModalFeature] | None = None   # its images (a vision model), in prompt order
 
 
 class InputProcessor:
-    def __init__(self, model_config: ModelConfig, tokenizer):
+    def __init__(self, model_config: ModelConfig, tokenizer, mm_config: MultiModalConfig | None = None,
+                 media: MediaOptions | None = None):
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.vocab_size = int(model_config.hf_config.vocab_size)
+        self.media = media or MediaOptions()
+        self.mm = None   # a vision model's MultiModalProcessor (its image preprocessing and placeholders)
+        if mm_config is not None:
+            from tokenmill.multimodal.processing import MultiModalProcessor, image_inputs_for
+
+            images = image_inputs_for(model_config.model, model_config.mm_hf_config, tokenizer)
+            self.mm = MultiModalProcessor(images, mm_config.limit_per_prompt, self.media)
 
     def process_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
         """A string, {"prompt": str}, {"prompt_token_ids": [...]} (vLLM's form) or a list of token ids."""
         if isinstance(prompt, dict):
             salt = check_cache_salt(prompt.get("cache_salt"))
+            mm_data = prompt.get("multi_modal_data")
             if "prompt_token_ids" in prompt:
-                processed = self._checked(prompt.get("prompt"), list(prompt["prompt_token_ids"]))
+                ids = list(prompt["prompt_token_ids"])
+                processed = self._checked(prompt.get("prompt"), ids) if mm_data is None else \
+                    self._with_media(prompt.get("prompt"), ids, mm_data)
             elif "prompt" in prompt:
                 processed = self.process_prompt(prompt["prompt"], add_special_tokens)
+                if mm_data is not None:
+                    processed = self._with_media(processed.prompt, processed.prompt_token_ids, mm_data)
             else:
                 raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
             processed.cache_salt = salt
@@ -55,6 +70,16 @@ class InputProcessor:
         except Exception as e:  # noqa: BLE001 - e.g. a lone UTF-16 surrogate, which the tokenizer cannot encode
             raise ValueError(f"prompt could not be tokenized: {type(e).__name__}: {e}") from e
         return self._checked(prompt, ids)
+
+    def _with_media(self, text: str | None, ids: list[int], mm_data) -> ProcessedPrompt:
+        """A prompt with its images: each placeholder expanded to the image's embeddings."""
+        if self.mm is None:
+            raise ValueError(f"multi_modal_data: model {self.model_config.served_model_name!r} takes no images "
+                             "(it has no vision tower)")
+        mm = self.mm.apply(ids, mm_data)
+        processed = self._checked(text, mm.token_ids)
+        processed.mm_features = mm.features or None
+        return processed
 
     def _checked(self, text: str | None, ids: list[int]) -> ProcessedPrompt:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -91,7 +116,7 @@ class InputProcessor:
         return EngineCoreRequest(request_id, processed.prompt_token_ids, params,
                                  arrival_time if arrival_time is not None else time.time(), priority,
                                  processed.cache_salt, kv_transfer_params=processed.kv_transfer_params,
-                                 lora_request=processed.lora_request)
+                                 lora_request=processed.lora_request, mm_features=processed.mm_features)
 
 
 def check_cache_salt(salt) -> str | None:

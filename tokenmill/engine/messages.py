@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from tokenmill.lora.request import LoRARequest
+from tokenmill.multimodal.inputs import MultiModalFeature
 from tokenmill.sampling_params import SamplingParams
 
 # (token ids, logprobs, rank of the sampled token) per position: row 0 of ids/logprobs is the sampled token.
@@ -23,6 +24,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     deadline: float | None = None   # time.time() after which the engine aborts it (the request's timeout)
     kv_transfer_params: dict[str, Any] | None = None   # {"remote_address": ...}: pull its prompt's KV from there
     lora_request: LoRARequest | None = None   # the adapter it runs with (None: the base model)
+    mm_features: list[MultiModalFeature] | None = None   # its images, in prompt order (a vision model)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

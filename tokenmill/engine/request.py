@@ -7,6 +7,7 @@ import time
 
 from tokenmill.core.block_hash import BlockHash, extend_block_hashes
 from tokenmill.lora.request import LoRARequest
+from tokenmill.multimodal.inputs import MultiModalFeature, mm_spans
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -31,7 +32,8 @@ class RequestStatus(enum.IntEnum):
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  max_tokens: int, block_size: int, arrival_time: float | None = None, priority: int = 0,
-                 cache_salt: str | None = None, lora_request: LoRARequest | None = None):
+                 cache_salt: str | None = None, lora_request: LoRARequest | None = None,
+                 mm_features: list[MultiModalFeature] | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -55,8 +57,10 @@ class Request:
         self.lora_request = lora_request
         # a salt goes into the first block's hash, so only requests with the same salt share cached blocks
         self.cache_salt = prefix_salt(cache_salt, lora_request)
+        self.mm_features = mm_features or []   # its images: the encoder stage computes them when they are reached
+        self.mm_spans = mm_spans(mm_features)
         self.block_hashes: list[BlockHash] = []
-        extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt, self.mm_spans)
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +74,8 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         if len(self.all_token_ids) % self.block_size == 0:
-            extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size, self.cache_salt)
+            extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size, self.cache_salt,
+                                self.mm_spans)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

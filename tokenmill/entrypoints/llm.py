@@ -24,6 +24,7 @@ from tokenmill.entrypoints.scoring import (
 )
 from tokenmill.lora.request import LoRARequest, check_lora_request
 from tokenmill.model.tokenizer import load_tokenizer
+from tokenmill.multimodal.chat_parts import load_images, template_messages
 from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec_decode.metrics import SpecDecodingTotals
@@ -37,7 +38,8 @@ class LLM:
         self.config = create_engine_config(self.engine_args)
         self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
         self.engine_core = EngineCore(self.config)
-        self.input_processor = InputProcessor(self.config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(self.config.model_config, self.tokenizer, self.config.mm_config,
+                                              self.config.media)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
         self.spec_decoding_stats = SpecDecodingTotals()   # acceptance over every generate/chat call
@@ -138,10 +140,15 @@ class LLM:
              **template_kwargs: Any) -> list[RequestOutput]:
         self._check_generative()
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        texts = [self.input_processor.apply_chat_template(c, add_generation_prompt, chat_template, **template_kwargs)
-                 for c in conversations]
-        # the template already holds the special tokens: do not add a BOS again
-        processed = [self.input_processor.process_prompt(t, add_special_tokens=False) for t in texts]
+        ip = self.input_processor
+        processed = []
+        for c in conversations:
+            parts, images = template_messages(c, ip.mm is not None)   # image_url / image_pil parts
+            text = ip.apply_chat_template(parts, add_generation_prompt, chat_template, **template_kwargs)
+            prompt = {"prompt": text, "multi_modal_data": {"image": load_images(images, self.config.media)}} \
+                if images else text
+            # the template already holds the special tokens: do not add a BOS again
+            processed.append(ip.process_prompt(prompt, add_special_tokens=False))
         _set_loras(processed, lora_request)
         return self._run(processed, _params_per_prompt(sampling_params, len(processed)), None, use_tqdm)
 

@@ -54,15 +54,20 @@ class LlamaModel(nn.Module):
         self.native_stack: NativeDecoderStack | None = NativeDecoderStack(self)  # None: --enforce-eager
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
-                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+                inputs_embeds: torch.Tensor | None = None):
         """Hidden states after the final norm; on a pipeline stage before the last, the (x, residual) pair that
-        the next stage continues from (`intermediate` is what a later stage received)."""
+        the next stage continues from (`intermediate` is what a later stage received). `inputs_embeds` replaces
+        the embedding of input_ids (a vision model's image embeddings are in it)."""
         if intermediate is None and self.native_stack is not None:
-            out = self.native_stack.forward(input_ids, positions, md)
+            out = self.native_stack.forward(input_ids, positions, md, inputs_embeds)
             if out is not None:   # (a step with auxiliary hidden states to keep never gets here)
                 self.aux_hidden_states = {}
                 return out
-        x, residual = intermediate if intermediate is not None else (self.embed_tokens(input_ids), None)
+        if intermediate is not None:
+            x, residual = intermediate
+        else:
+            x, residual = (self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds), None
         aux = {}
         for i in self.stage:
             if i in self.aux_hidden_state_layers:
@@ -124,8 +129,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.quant_method = self.lm_head_method
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
-                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
-        return self.model(input_ids, positions, md, intermediate)
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+                inputs_embeds: torch.Tensor | None = None):
+        return self.model(input_ids, positions, md, intermediate, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits in the model's dtype: the sampler makes fp32 only when it needs more than an argmax. Under
@@ -138,9 +144,14 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         weights = ((n.replace(".block_sparse_moe.", ".mlp."), t) for n, t in weights if self._owns(n))
-        params = dict(self.named_parameters())
+        params = self.language_model_parameters()
         stacked_experts = frozenset(n for n in params if ".mlp.experts." in n)   # they check their own loading
         load_stacked_weights(params, route_expert_weights(self, weights), optional=stacked_experts)
+
+    def language_model_parameters(self) -> dict[str, nn.Parameter]:
+        """The parameters load_weights fills from the checkpoint's language-model tensors (a vision model's
+        own parts are loaded apart)."""
+        return dict(self.named_parameters())
 
     def _owns(self, name: str) -> bool:
         """Whether a checkpoint tensor belongs to this rank's pipeline stage."""

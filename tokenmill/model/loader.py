@@ -38,13 +38,14 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
     from tokenmill.model.registry import model_class
 
     t0 = time.perf_counter()
-    cls = model_class(model_config.hf_config)
+    hf_config = model_config.mm_hf_config or model_config.hf_config   # a vision model is built from all of it
+    cls = model_class(hf_config)
     dtype = DTYPES[model_config.dtype]
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, backend, max_positions)
+            model = cls(hf_config, backend, max_positions)
     finally:
         torch.set_default_dtype(prev)
     model.attach_quant_method(get_quant_method(model_config.quantization, model_config.quantization_group_size,

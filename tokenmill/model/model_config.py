@@ -67,8 +67,9 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
     from tokenmill.platform import device_type
 
     source = resolve_model(args.model)
-    hf_config = load_hf_config(source.path, source.format)
-    model_class_name(hf_config)  # unknown architectures fail here, before anything heavy
+    full_config = load_hf_config(source.path, source.format)
+    model_class_name(full_config)  # unknown architectures fail here, before anything heavy
+    hf_config = text_config_of(full_config)
     check_quantization(args.quantization, args.quantization_group_size, source.format)  # bad flags fail here too
     tokenizer = args.tokenizer or source.path
     if args.tokenizer and not os.path.exists(args.tokenizer):
@@ -81,7 +82,14 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
         head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
-        enforce_eager=args.enforce_eager, num_labels=num_labels_of(hf_config))
+        enforce_eager=args.enforce_eager, num_labels=num_labels_of(hf_config),
+        mm_hf_config=full_config if hf_config is not full_config else None)
+
+
+def text_config_of(hf_config):
+    """A vision-language model's language-model config (its text_config); a text model's own config."""
+    text = getattr(hf_config, "text_config", None)
+    return text if text is not None and getattr(hf_config, "vision_config", None) is not None else hf_config
 
 
 def model_max_len(hf_config) -> int:

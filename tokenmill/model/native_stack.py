@@ -122,9 +122,11 @@ class NativeDecoderStack:
             else "decode"
         logger.info("%s steps %s run the %d layers as one native call", what, size, len(layers))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor | None:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor | None:
         """The final norm's output for this step (only md.output_rows' rows where set), or None where the Python
-        layers must run it."""
+        layers must run it. `inputs_embeds`, where given, replaces the embedding of input_ids (a vision model's
+        step with image embeddings in it)."""
         m = self.model
         if self.unavailable or input_ids.dim() != 1 or m.aux_hidden_state_layers:
             return None
@@ -141,6 +143,7 @@ class NativeDecoderStack:
         p = plan.prefix
         prefix = (0, -1, None, None, False) if p is None else (
             p.num_blocks, -1 if p.first_block is None else p.first_block, p.block_ids, p.token_index, p.all_tokens)
-        return self.stack.forward(m.embed_tokens(input_ids), positions, md.slot_mapping, md.block_table,
+        x = m.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.stack.forward(x, positions, md.slot_mapping, md.block_table,
                                   md.seq_lens, md.query_start_loc, plan.kernel_rows, bool(self.backend.decode_amx),
                                   *prefix, plan.prompt_spans, md.output_rows)

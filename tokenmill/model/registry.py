@@ -13,6 +13,8 @@ _MODELS: dict[str, str] = {
     "MixtralForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
     "Qwen2MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
     "Qwen3MoeForCausalLM": "tokenmill.model.llama:LlamaForCausalLM",
+    # vision-language: a vision tower and projector before the language model (multimodal/ preprocesses)
+    "LlavaForConditionalGeneration": "tokenmill.model.llava:LlavaForConditionalGeneration",
     # cross-encoders (/v1/score, /v1/rerank): the decoder and a score head at the last token
     "LlamaForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
     "MistralForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from tokenmill.lora.request import LoRARequest
+from tokenmill.multimodal.inputs import MultiModalFeature
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -24,6 +25,7 @@ class CachedRequestState:
     prompt_logprobs_sent: bool = False
     pool_acc: torch.Tensor | None = None   # an embedding request's pooled hidden state so far (sum, or first row)
     lora_request: LoRARequest | None = None
+    mm_features: list[MultiModalFeature] | None = None   # a vision model's images of this request
 
     @classmethod
     def create(cls, req_id: str, token_ids: list[int], num_prompt_tokens: int, sp: SamplingParams,

@@ -43,6 +43,7 @@ class StepInputs:
     grammar_bitmask: GrammarBitmask | None = None
     # pipeline parallel: (first token, end token, metadata) of each micro-batch, contiguous runs of requests
     micro_batches: list[tuple[int, int, AttentionMetadata]] | None = None
+    inputs_embeds: torch.Tensor | None = None   # a vision model's step that reaches image placeholders
 
 
 class ModelRunner:
@@ -62,6 +63,7 @@ class ModelRunner:
         self.proposer = None
         self.lora_manager = None
         self.kv_offload = None   # the offload tier's store (--kv-offload-bytes)
+        self.encoder = None      # a vision model's encoder stage (worker/encoder_runner.py)
         self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
@@ -78,6 +80,10 @@ class ModelRunner:
             from tokenmill.lora.manager import LoRAManager
 
             self.lora_manager = LoRAManager(self.model, self.config.lora_config, self.dtype, self.device)
+        if self.config.mm_config is not None:
+            from tokenmill.worker.encoder_runner import EncoderRunner
+
+            self.encoder = EncoderRunner(self.model, self.device)
 
     def initialize_kv_cache(self) -> None:
         c = self.config.cache_config
@@ -127,6 +133,7 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState.create(
                 new.req_id, new.token_ids, new.num_prompt_tokens, sp, new.block_ids, new.num_computed_tokens, gen)
             self.requests[new.req_id].lora_request = new.lora_request
+            self.requests[new.req_id].mm_features = new.mm_features
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.num_kept_block_ids >= 0:
@@ -154,6 +161,8 @@ class ModelRunner:
             logits_indices = ends - np.concatenate([np.arange(c, 0, -1) for c in counts])
         inp = StepInputs(req_ids, input_ids, positions, md,
                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
+        if self.encoder is not None:
+            inp.inputs_embeds = self.encoder.inputs_embeds(input_ids, states, start, n, qsl)
         if get_pp().size > 1:
             inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
         elif len(logits_indices) < len(input_ids) - 1 and self._only_logits_rows_used(states):
@@ -203,6 +212,9 @@ class ModelRunner:
         if so.kv_offload is not None and self.kv_offload is not None:
             with self.profile.phase("kv_offload"):
                 self.kv_offload.apply(so.kv_offload)
+        if self.encoder is not None:
+            with self.profile.phase("encoder"):
+                self.encoder.run(so, self.requests)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
@@ -212,7 +224,9 @@ class ModelRunner:
                                            np.diff(inp.attn_metadata.query_start_loc_np))
         self.profile.model_start()
         with self.profile.phase("forward"):
-            if inp.micro_batches is None:
+            if inp.inputs_embeds is not None:
+                hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, inputs_embeds=inp.inputs_embeds)
+            elif inp.micro_batches is None:
                 hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
             else:
                 hidden = self._pipeline_forward(inp)

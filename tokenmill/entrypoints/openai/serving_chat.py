@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -22,6 +23,8 @@ from tokenmill.entrypoints.openai.serving_common import (
 )
 from tokenmill.entrypoints.openai.tool_repeats import without_repeated_calls
 from tokenmill.kv_transfer.config import check_kv_transfer_params
+from tokenmill.multimodal.chat_parts import load_images_async
+from tokenmill.multimodal.chat_parts import template_messages as chat_template_messages
 from tokenmill.outputs import CompletionOutput
 from tokenmill.sampling_params import RequestOutputKind
 from tokenmill.structured_output.grammar_text import validate as validate_grammar
@@ -36,16 +39,9 @@ from tokenmill.structured_output.tools import (
 )
 
 
-def template_messages(req) -> list[dict]:
-    """Message dicts for the template; content given as a list of parts is joined to its text parts."""
-    out = []
-    for m in req.messages:
-        d = m.model_dump(exclude_none=True)
-        if isinstance(d.get("content"), list):
-            d["content"] = "".join(p.get("text", "") for p in d["content"] if p.get("type") == "text")
-        d.setdefault("content", "")   # OpenAI allows none (an assistant's tool calls); templates expect a string
-        out.append(d)
-    return out
+def template_messages(req, takes_images: bool = False) -> tuple[list[dict], list]:
+    """Message dicts for the template, and the image URLs of their image_url parts (multimodal/chat_parts.py)."""
+    return chat_template_messages([m.model_dump(exclude_none=True) for m in req.messages], takes_images)
 
 
 def chat_logprobs(c: CompletionOutput, top_k: int) -> dict | None:
@@ -72,8 +68,13 @@ class OpenAIServingChat:
             functions = check_tools(req.tools)
             choice = resolve_tool_choice(req.tool_choice, functions, options.enable_auto_tool_choice
                                          and options.tool_call_parser is not None)
-            text = self._render(req, functions, choice)
-            prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
+            text, images = self._render(req, functions, choice)
+            if images:   # fetched and preprocessed off the event loop
+                images = await load_images_async(images, engine.config.media)
+                prompt = await asyncio.to_thread(engine.input_processor.process_prompt, {
+                    "prompt": text, "multi_modal_data": {"image": images}}, False)
+            else:
+                prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
             prompt.kv_transfer_params = check_kv_transfer_params(req.kv_transfer_params)
             prompt.lora_request = lora
@@ -114,12 +115,12 @@ class OpenAIServingChat:
         return JSONResponse(await until_disconnected(raw, self._full(rid, prompt, stream, req.top_logprobs or 0,
                                                                      parser, choice)))
 
-    def _render(self, req: ChatCompletionRequest, functions: dict, choice: ToolChoice) -> str:
-        """The prompt text: tools go through the model's template when it takes them; otherwise (and for
-        messages that carry tool calls or results) tokenmill writes them in the <tool_call> form."""
+    def _render(self, req: ChatCompletionRequest, functions: dict, choice: ToolChoice) -> tuple[str, list]:
+        """The prompt text and its images: tools go through the model's template when it takes them; otherwise
+        (and for messages that carry tool calls or results) tokenmill writes them in the <tool_call> form."""
         ip = self.ctx.engine.input_processor
         template = req.chat_template or getattr(ip.tokenizer, "chat_template", None)
-        messages = template_messages(req)
+        messages, images = template_messages(req, ip.mm is not None)
         kwargs = dict(req.chat_template_kwargs or {})
         shown = functions if choice.mode != "none" else {}
         if template_takes_tools(template):
@@ -127,7 +128,7 @@ class OpenAIServingChat:
                 kwargs["tools"] = req.tools
         elif shown or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages = messages_without_tool_support(messages, shown)
-        return ip.apply_chat_template(messages, req.add_generation_prompt, req.chat_template, **kwargs)
+        return ip.apply_chat_template(messages, req.add_generation_prompt, req.chat_template, **kwargs), images
 
     def _constrain(self, params, choice: ToolChoice, functions: dict, parallel: bool) -> None:
         """A required or named tool choice generates under the functions' schemas; with a reasoning parser the

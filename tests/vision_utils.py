@@ -1,0 +1,79 @@
+"""Tiny random LLaVA folders (transformers' own classes, saved as a user's checkpoint would be), images, and
+transformers' greedy reference through its own LlavaProcessor."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# LLaVA-1.5's conversation layout, taking OpenAI-style content parts
+LLAVA_TEMPLATE = ("{% for m in messages %}{{ 'USER: ' if m['role'] == 'user' else 'ASSISTANT: ' }}"
+                  "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+                  "{% if p['type'] == 'image' %}<image>\n{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+                  "{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+QUESTION = "USER: <image>\nWhat is in the picture?ASSISTANT:"
+
+
+def build_tiny_llava(folder: Path, tokenizer, strategy: str = "default", feature_layer=-2) -> Path:
+    import transformers
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_tokens(["<image>"], special_tokens=True)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    tok.chat_template = LLAVA_TEMPLATE
+    text = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=image_id + 1, max_position_embeddings=1024,
+                                    tie_word_embeddings=False, initializer_range=0.3, rms_norm_eps=1e-6,
+                                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                           num_attention_heads=4, image_size=56, patch_size=14, initializer_range=0.3)
+    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=image_id,
+                                   projector_hidden_act="gelu", vision_feature_layer=feature_layer,
+                                   vision_feature_select_strategy=strategy)
+    torch.manual_seed(1234)
+    transformers.LlavaForConditionalGeneration(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 56},
+                                    crop_size={"height": 56, "width": 56}).save_pretrained(folder)
+    return Path(folder)
+
+
+def random_image(h: int, w: int, seed: int):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def data_url(img, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+class LlavaReference:
+    """transformers' LlavaForConditionalGeneration and LlavaProcessor on a folder, greedy in fp32."""
+
+    def __init__(self, folder: Path):
+        import transformers
+
+        self.model = transformers.LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+        cfg = self.model.config
+        self.processor = transformers.LlavaProcessor(
+            image_processor=transformers.AutoImageProcessor.from_pretrained(folder, backend="pil"),
+            tokenizer=transformers.AutoTokenizer.from_pretrained(folder), patch_size=cfg.vision_config.patch_size,
+            vision_feature_select_strategy=cfg.vision_feature_select_strategy, image_token="<image>",
+            num_additional_image_tokens=1)
+
+    def greedy(self, prompt: str, images: list, max_new_tokens: int) -> tuple[list[int], list[int], torch.Tensor]:
+        """The expanded prompt ids, the greedy tokens, and each step's logits [steps, vocab]."""
+        enc = self.processor(text=prompt, images=images, return_tensors="pt")
+        with torch.no_grad():
+            out = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, output_logits=True,
+                                      return_dict_in_generate=True)
+        n = enc["input_ids"].shape[1]
+        return enc["input_ids"][0].tolist(), out.sequences[0, n:].tolist(), torch.cat(out.logits)

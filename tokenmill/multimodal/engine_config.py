@@ -1,0 +1,56 @@
+"""The flags of media input -> MultiModalConfig (the engine's encoder cache) and MediaOptions (the front end's
+limits), each checked with an error naming the flag."""
+
+from __future__ import annotations
+
+import json
+
+from tokenmill.config import EngineArgs, MediaOptions, ModelConfig, MultiModalConfig
+from tokenmill.multimodal.processing import DEFAULT_IMAGE_LIMIT, max_tokens_per_image
+from tokenmill.utils import parse_bytes
+
+
+def limits_of(value) -> dict[str, int]:
+    """--limit-mm-per-prompt: vLLM's JSON {"image": N}; N = 0 turns image input off."""
+    if value is None:
+        return {"image": DEFAULT_IMAGE_LIMIT}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"limit_mm_per_prompt must be JSON like '{{\"image\": 4}}': {e}") from e
+    if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                              for v in value.values()):
+        raise ValueError("limit_mm_per_prompt must map a modality to a count >= 0, like {\"image\": 4}")
+    unknown = sorted(set(value) - {"image"})
+    if unknown:
+        raise ValueError(f"limit_mm_per_prompt: modality {', '.join(unknown)} is not served (only image)")
+    return {"image": int(value.get("image", DEFAULT_IMAGE_LIMIT))}
+
+
+def mm_config_for(args: EngineArgs, model_config: ModelConfig, max_num_batched_tokens: int) -> MultiModalConfig | None:
+    """A vision model's encoder cache and budget: the step's token budget, and never less than one whole image
+    (vLLM's rule), so an image that chunked prefill reaches can always be encoded."""
+    if not model_config.is_multimodal:
+        if args.limit_mm_per_prompt is not None:
+            raise ValueError("limit_mm_per_prompt: the model takes no images (it has no vision tower)")
+        return None
+    per_item = max_tokens_per_image(model_config.mm_hf_config)
+    budget = max(max_num_batched_tokens, per_item)
+    return MultiModalConfig(limits_of(args.limit_mm_per_prompt), encoder_cache_tokens=budget,
+                            encoder_budget_tokens=budget, max_tokens_per_item=per_item)
+
+
+def media_options(args: EngineArgs) -> MediaOptions:
+    if args.max_image_pixels < 1:
+        raise ValueError(f"max_image_pixels must be positive, got {args.max_image_pixels}")
+    if args.media_fetch_timeout <= 0:
+        raise ValueError(f"media_fetch_timeout must be positive, got {args.media_fetch_timeout}")
+    domains = args.allowed_media_domains
+    if isinstance(domains, str):
+        domains = [d for d in domains.replace(",", " ").split() if d]
+    return MediaOptions(max_image_pixels=args.max_image_pixels,
+                        max_media_bytes=parse_bytes(args.max_media_bytes, "max_media_bytes"),
+                        fetch_timeout=float(args.media_fetch_timeout),
+                        allowed_local_media_path=args.allowed_local_media_path,
+                        allowed_media_domains=tuple(d.lower() for d in domains or ()))
