@@ -12,8 +12,8 @@ IMAGE_PART_TYPES = ("image_url", "image_pil", "image")
 
 
 def template_messages(messages: list[dict], takes_images: bool) -> tuple[list[dict], list]:
-    """Message dicts for the template and the images their parts name (URLs, or PIL images given offline).
-    A text model's content list is joined to its text parts; an image part sent to it is a ValueError."""
+    """Message dicts for the template and the images their parts name, as (where, URL or PIL image given
+    offline). A text model's content list is joined to its text parts; an image part sent to it is a ValueError."""
     out, images = [], []
     for i, m in enumerate(messages):
         d = dict(m)
@@ -24,9 +24,10 @@ def template_messages(messages: list[dict], takes_images: bool) -> tuple[list[di
                 kind = p.get("type") if isinstance(p, dict) else None
                 if kind in IMAGE_PART_TYPES:
                     if not takes_images:
-                        raise ValueError(f"messages[{i}].content[{j}]: this model takes no images (it has no "
-                                         "vision tower); send text only")
-                    images.append(_image_of(p, f"messages[{i}].content[{j}]"))
+                        raise ValueError(f"messages[{i}].content[{j}] is an image part, and this model takes no "
+                                         "images (it has no vision tower)")
+                    where = f"messages[{i}].content[{j}]"
+                    images.append((f"{where}.{p['type']}", _image_of(p, where)))
                     parts.append({"type": "image"})
                 elif kind == "text":
                     parts.append({"type": "text", "text": p.get("text", "")})
@@ -46,10 +47,9 @@ def _image_of(part: dict, where: str):
     return url
 
 
-def load_images(items: list, media: MediaOptions) -> list:
-    """URLs loaded (PIL images passed through), each error naming its item."""
-    return [load_image_url(x, media, f"image {k} (image_url)") if isinstance(x, str) else x
-            for k, x in enumerate(items)]
+def load_images(items: list[tuple[str, object]], media: MediaOptions) -> list:
+    """URLs loaded (PIL images passed through), each error naming its part."""
+    return [load_image_url(x, media, where) if isinstance(x, str) else x for where, x in items]
 
 
 async def load_images_async(items: list, media: MediaOptions) -> list:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.input_processor import check_cache_salt
 from tokenmill.entrypoints.openai.chat_output import ChatDeltaStream, chat_message, finish_reason, tool_parser_for
+from tokenmill.entrypoints.openai.errors import APIError, param_of
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, now, random_id
 from tokenmill.entrypoints.openai.serving_beam import beam_search_params, beam_stream
 from tokenmill.entrypoints.openai.serving_common import (
@@ -69,10 +70,8 @@ class OpenAIServingChat:
             choice = resolve_tool_choice(req.tool_choice, functions, options.enable_auto_tool_choice
                                          and options.tool_call_parser is not None)
             text, images = self._render(req, functions, choice)
-            if images:   # fetched and preprocessed off the event loop
-                images = await load_images_async(images, engine.config.media)
-                prompt = await asyncio.to_thread(engine.input_processor.process_prompt, {
-                    "prompt": text, "multi_modal_data": {"image": images}}, False)
+            if images:
+                prompt = await self._with_images(text, images)
             else:
                 prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
@@ -114,6 +113,16 @@ class OpenAIServingChat:
                                      media_type="text/event-stream")
         return JSONResponse(await until_disconnected(raw, self._full(rid, prompt, stream, req.top_logprobs or 0,
                                                                      parser, choice)))
+
+    async def _with_images(self, text: str, images: list):
+        """The prompt with its images, fetched, decoded and preprocessed off the event loop."""
+        ip = self.ctx.engine.input_processor
+        try:
+            loaded = await load_images_async(images, ip.media)
+            return await asyncio.to_thread(ip.process_prompt, {"prompt": text, "multi_modal_data": {"image": loaded}},
+                                           False)
+        except ValueError as e:
+            raise APIError(400, str(e), param_of(str(e)) or "messages") from e
 
     def _render(self, req: ChatCompletionRequest, functions: dict, choice: ToolChoice) -> tuple[str, list]:
         """The prompt text and its images: tools go through the model's template when it takes them; otherwise
