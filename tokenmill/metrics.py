@@ -41,6 +41,9 @@ class Metrics:
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.offload_hits = counter("prefix_cache_offload_hits", "Of the prefix-cache hits, prompt tokens copied back "
                                     "from the KV offload tier (beyond the KV cache's memory).")
+        self.encoder_items = counter("encoder_items", "Images through the vision tower (the encoder stage).")
+        self.encoder_hits = counter("encoder_cache_hits", "Images whose embeddings the encoder cache already held.")
+        self.encoder_seconds = counter("encoder_seconds", "Time in the vision tower.")
         self.preemptions = counter("num_preemptions", "Requests preempted to free KV-cache blocks.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
@@ -76,6 +79,10 @@ class Metrics:
         self.prefix_queries.inc(s.prefix_cache_queries)
         self.prefix_hits.inc(s.prefix_cache_hits)
         self.offload_hits.inc(s.prefix_cache_offload_hits)
+        if s.encoder_items or s.encoder_cache_hits or s.encoder_seconds:
+            self.encoder_items.inc(s.encoder_items)
+            self.encoder_hits.inc(s.encoder_cache_hits)
+            self.encoder_seconds.inc(s.encoder_seconds)
         self.preemptions.inc(s.num_preemptions)
         self.prompt_tokens.inc(s.num_prompt_tokens)
         self.generation_tokens.inc(s.num_generation_tokens)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenmill.bench.datasets import apply_workload, random_requests
+from tokenmill.bench.mm_dataset import encoder_summary, encoder_totals, image_contents, image_sizes
 from tokenmill.bench.report import emit, percentiles
 
 
@@ -33,7 +34,12 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Model name to send (default: the server's first /v1/models).")
     p.add_argument("--api-key", default=None)
     p.add_argument("--workload", choices=["W4"], default=None, help="W4 of shared/workloads.md.")
-    p.add_argument("--dataset", choices=["random"], default="random")
+    p.add_argument("--dataset", choices=["random", "random-mm"], default="random",
+                   help="random: token-id prompts; random-mm: image chats (generated images and a question, sent "
+                        "to /v1/chat/completions), for vision models.")
+    p.add_argument("--random-mm-images-per-request", type=int, default=1, help="random-mm: images per request.")
+    p.add_argument("--random-mm-image-size", default="336x336",
+                   help="random-mm: WxH of the images, or several comma-separated (image k takes size k mod N).")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--input-len", type=int, default=None)
     p.add_argument("--output-len", type=int, default=None)
@@ -70,7 +76,7 @@ def _payload(ns, model: str, prompt_ids: list[int], prompt_text: str | None, out
     if ns.ignore_eos:
         body.update(ignore_eos=True, min_tokens=output_len)
     if ns.endpoint == "/v1/chat/completions":
-        body["messages"] = [{"role": "user", "content": prompt_text}]
+        body["messages"] = [{"role": "user", "content": prompt_text}]   # a string, or random-mm's content parts
         body["max_completion_tokens"] = output_len
     else:
         body["prompt"] = prompt_ids
@@ -102,6 +108,7 @@ async def _one(session, ns, url: str, headers: dict, body: dict, prompt_len: int
                 msg = json.loads(data)
                 if msg.get("usage"):
                     usage_tokens = msg["usage"].get("completion_tokens")
+                    res.prompt_len = msg["usage"].get("prompt_tokens") or res.prompt_len   # images' tokens too
                 choices = msg.get("choices") or []
                 text = ""
                 if choices:
@@ -145,6 +152,26 @@ async def _arrivals(n: int, rate: float, burstiness: float, seed: int, times: li
             await asyncio.sleep(rng.gamma(burstiness, 1.0 / (rate * burstiness)))
 
 
+def _prompts(ns) -> tuple[list, list]:
+    """The requests' token ids, and for chat their message content: the ids' text, or random-mm's images and text."""
+    apply_workload(ns)
+    reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed,
+                           ns.vocab_size, num_prefixes=ns.num_prefixes)
+    texts = [None] * len(reqs)
+    if ns.dataset == "random-mm":
+        ns.endpoint = "/v1/chat/completions"
+    if ns.endpoint == "/v1/chat/completions":
+        from tokenmill.model.source import resolve_model
+        from tokenmill.model.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(ns.tokenizer or resolve_model(None).path)
+        texts = [tok.decode(r.prompt_token_ids) for r in reqs]
+    if ns.dataset == "random-mm":
+        texts = image_contents(len(reqs), ns.random_mm_images_per_request, image_sizes(ns.random_mm_image_size),
+                               texts, ns.dataset_seed or 0)
+    return reqs, texts
+
+
 async def _run(ns) -> dict:
     import aiohttp
 
@@ -155,16 +182,7 @@ async def _run(ns) -> dict:
         schedule = parse_schedule(ns.rate_schedule)
         arrival_times = schedule_arrivals(schedule, ns.dataset_seed or 0)
         ns.num_prompts = max(1, len(arrival_times))
-    apply_workload(ns)
-    reqs = random_requests(ns.num_prompts, ns.input_len, ns.output_len, ns.prefix_len, ns.dataset_seed,
-                           ns.vocab_size, num_prefixes=ns.num_prefixes)
-    texts = [None] * len(reqs)
-    if ns.endpoint == "/v1/chat/completions":
-        from tokenmill.model.source import resolve_model
-        from tokenmill.model.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(ns.tokenizer or resolve_model(None).path)
-        texts = [tok.decode(r.prompt_token_ids) for r in reqs]
+    reqs, texts = _prompts(ns)
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
     rate = float(ns.request_rate)
     sem = asyncio.Semaphore(ns.max_concurrency) if ns.max_concurrency else None
@@ -184,6 +202,8 @@ async def _run(ns) -> dict:
             res.start = t
             return res
 
+        base = ns.base_url.rstrip("/")
+        encoder_before = await encoder_totals(session, base, headers) if ns.dataset == "random-mm" else None
         start = time.perf_counter()
         poller = FleetPoller(session, ns.base_url.rstrip("/"), headers, start) if arrival_times is not None else None
         polling = asyncio.create_task(poller.run()) if poller else None
@@ -195,7 +215,11 @@ async def _run(ns) -> dict:
             await asyncio.sleep(max(0.0, sum(s for s, _ in schedule) - (time.perf_counter() - start)))
             polling.cancel()
         duration = time.perf_counter() - start
+        encoder_after = await encoder_totals(session, base, headers) if encoder_before else None
     summary = _summarize(ns, model, rate, results, duration)
+    ok = [r for r in results if r.success]
+    summary.update(encoder_summary(encoder_before, encoder_after, len(ok),
+                                   sum(r.ttft for r in ok) / len(ok) if ok else 0.0))
     if poller:
         summary.update(rate_schedule=ns.rate_schedule, timeline={
             "requests": [[r.start, r.ttft, r.latency, r.success] for r in results], "fleet": poller.samples})

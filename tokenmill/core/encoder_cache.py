@@ -23,8 +23,9 @@ class EncoderCacheManager:
         self.step_tokens = 0
         self.to_encode: dict[str, list[int]] = {}   # request id -> indices of its items encoded this step
         self.freed: list[str] = []                  # identifiers the worker drops before this step's encoding
-        self.num_encoded = 0   # items encoded, and items found cached, since the stats were last taken
+        self.num_encoded = 0   # items encoded, and items found cached (since start; take_counts: since last taken)
         self.num_hits = 0
+        self._counted = (0, 0)
 
     def plan(self, req: Request, start: int, num_new: int) -> tuple[int, list[int]]:
         """How many of the num_new tokens from `start` may be scheduled, and the request's items that must be
@@ -82,6 +83,12 @@ class EncoderCacheManager:
         """A request finished or preempted: it pins nothing (a resumed one plans its items again)."""
         for f in req.mm_features:
             self._unpin(f.identifier, req.request_id)
+
+    def take_counts(self) -> tuple[int, int]:
+        """Items encoded and encoder-cache hits since the last call (the stats' counters)."""
+        encoded, hits = self.num_encoded - self._counted[0], self.num_hits - self._counted[1]
+        self._counted = (self.num_encoded, self.num_hits)
+        return encoded, hits
 
     def take_step(self) -> tuple[dict[str, list[int]], list[str]]:
         out = self.to_encode, self.freed

@@ -61,3 +61,4 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)   # drafts for the next step
     pooled: dict[str, list[float]] = field(default_factory=dict)   # embedding requests whose prompt ended here
+    encoder_seconds: float = 0.0   # the step's vision-tower time (the encoder stage)

@@ -316,6 +316,7 @@ class Scheduler:
     # ---- results -------------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
+        self._stats.encoder_seconds += result.encoder_seconds
         for idx, rid in enumerate(result.req_ids):
             req = self.requests.get(rid)
             if req is None:
@@ -410,4 +411,6 @@ class Scheduler:
         stats.kv_cache_usage = self.kv_cache_manager.usage
         stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
         stats.prefix_cache_offload_hits = prefix.offload_hits
+        if self.encoder is not None:
+            stats.encoder_items, stats.encoder_cache_hits = self.encoder.take_counts()
         return stats

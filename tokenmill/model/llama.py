@@ -60,7 +60,8 @@ class LlamaModel(nn.Module):
         the next stage continues from (`intermediate` is what a later stage received). `inputs_embeds` replaces
         the embedding of input_ids (a vision model's image embeddings are in it)."""
         if intermediate is None and self.native_stack is not None:
-            out = self.native_stack.forward(input_ids, positions, md, inputs_embeds)
+            out = (self.native_stack.forward(input_ids, positions, md) if inputs_embeds is None else
+                   self.native_stack.forward(input_ids, positions, md, inputs_embeds=inputs_embeds))
             if out is not None:   # (a step with auxiliary hidden states to keep never gets here)
                 self.aux_hidden_states = {}
                 return out

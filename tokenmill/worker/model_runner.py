@@ -6,6 +6,7 @@ Inputs are built with vectorized numpy (no per-token Python loops); logits are c
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,9 +213,12 @@ class ModelRunner:
         if so.kv_offload is not None and self.kv_offload is not None:
             with self.profile.phase("kv_offload"):
                 self.kv_offload.apply(so.kv_offload)
-        if self.encoder is not None:
+        encoder_seconds = 0.0
+        if self.encoder is not None and (so.scheduled_encoder_inputs or so.free_encoder_ids):
+            t0 = time.perf_counter()
             with self.profile.phase("encoder"):
                 self.encoder.run(so, self.requests)
+            encoder_seconds = time.perf_counter() - t0
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
         with self.profile.phase("prepare_inputs"):
@@ -241,7 +245,7 @@ class ModelRunner:
             self._follow_logits(inp, hidden)
             return None
         sampled: list[list[int]] = [[] for _ in inp.req_ids]
-        result = ModelRunnerOutput(inp.req_ids, sampled)
+        result = ModelRunnerOutput(inp.req_ids, sampled, encoder_seconds=encoder_seconds)
         with self.profile.phase("sample"):
             self._prompt_logprobs(inp, hidden, result)
             self._pool(inp, hidden, result)
