@@ -23,7 +23,7 @@ from tokenmill.core.kv_offload import OffloadIndex
 from tokenmill.core.request_queue import make_queue
 from tokenmill.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from tokenmill.engine.messages import EngineCoreOutput, SchedulerStats
-from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.request import Request, RequestStatus, check_stop, unsent_prompt_logprobs
 
 
 class Scheduler:
@@ -327,14 +327,14 @@ class Scheduler:
             self._count_tokens(req, sched.num_scheduled_tokens.get(rid, 0), num_rejected)
             prompt_lp = result.prompt_logprobs.get(rid)
             if prompt_lp is not None:
-                prompt_lp = self._unsent_prompt_logprobs(req, prompt_lp, first_pos)
+                prompt_lp = unsent_prompt_logprobs(req, prompt_lp, first_pos)
             if not new_ids and prompt_lp is None:
                 continue
             n = 0
             for tok in new_ids:
                 n += 1
                 req.append_output_token_ids(tok)
-                if self._check_stop(req, tok):
+                if check_stop(req, tok, self.config.max_model_len):
                     break
             logprobs = result.logprobs.get(rid)
             if n < len(new_ids):  # a stop among accepted drafts: what follows it was never said
@@ -355,14 +355,6 @@ class Scheduler:
                 self._free(req)
             outputs.append(out)
         return outputs
-
-    @staticmethod
-    def _unsent_prompt_logprobs(req: Request, lp, first_pos: int):
-        """A request preempted after (part of) its prompt recomputes the prompt and scores it again: entry j of
-        a chunk starting at first_pos scores prompt position first_pos + 1 + j; pass on only those not sent."""
-        skip = max(0, req.num_prompt_logprobs_sent - first_pos)
-        req.num_prompt_logprobs_sent = max(req.num_prompt_logprobs_sent, first_pos + len(lp[0]))
-        return tuple(part[skip:] for part in lp) if skip else lp
 
     def _verified(self, req: Request, drafts: list[int] | None, new_ids: list[int]) -> int:
         """Steps the computed count back over the rejected drafts, gives their slots back and counts acceptance;
@@ -390,19 +382,6 @@ class Scheduler:
         prompt_part = max(0, min(n, req.num_prompt_tokens - (req.num_computed_tokens + num_rejected - n)))
         self._stats.num_prompt_tokens += prompt_part
         self._stats.num_generation_tokens += n - prompt_part - num_rejected
-
-    def _check_stop(self, req: Request, token_id: int) -> bool:
-        sp = req.sampling_params
-        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
-            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        if req.num_output_tokens < sp.min_tokens:
-            return False  # the sampler already kept stop tokens out; this is the same rule on the host
-        if token_id in sp.all_stop_token_ids:
-            req.status = RequestStatus.FINISHED_STOPPED
-            req.stop_reason = token_id if token_id in sp.stop_token_ids else None
-            return True
-        return False
 
     def make_stats(self) -> SchedulerStats:
         stats, self._stats = self._stats, SchedulerStats()

@@ -87,3 +87,26 @@ def prefix_salt(cache_salt: str | None, lora_request: LoRARequest | None) -> byt
     another adapter's weights hold other keys and values)."""
     return ((cache_salt.encode() if cache_salt else b"") +
             (lora_request.cache_key() if lora_request is not None else b""))
+
+
+def check_stop(req: Request, token_id: int, max_model_len: int) -> bool:
+    """Whether the token ends the request (its status then says how): the length cap first, then stop tokens."""
+    sp = req.sampling_params
+    if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    if req.num_output_tokens < sp.min_tokens:
+        return False  # the sampler already kept stop tokens out; this is the same rule on the host
+    if token_id in sp.all_stop_token_ids:
+        req.status = RequestStatus.FINISHED_STOPPED
+        req.stop_reason = token_id if token_id in sp.stop_token_ids else None
+        return True
+    return False
+
+
+def unsent_prompt_logprobs(req: Request, lp, first_pos: int):
+    """A request preempted after (part of) its prompt recomputes the prompt and scores it again: entry j of
+    a chunk starting at first_pos scores prompt position first_pos + 1 + j; pass on only those not sent."""
+    skip = max(0, req.num_prompt_logprobs_sent - first_pos)
+    req.num_prompt_logprobs_sent = max(req.num_prompt_logprobs_sent, first_pos + len(lp[0]))
+    return tuple(part[skip:] for part in lp) if skip else lp

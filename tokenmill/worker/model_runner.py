@@ -20,13 +20,15 @@ from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.distributed.comm import pp_recv, pp_send
 from tokenmill.distributed.parallel_state import get_pp, get_tp
 from tokenmill.layers.attention import allocate_kv_caches
-from tokenmill.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, gather_logprobs
+from tokenmill.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.profiling import StepProfile
 from tokenmill.spec_decode.rejection_sampler import rejection_sample
 from tokenmill.structured_output.manager import GrammarBitmask
 from tokenmill.utils import init_logger
 from tokenmill.worker.input_batch import CachedRequestState
+from tokenmill.worker.pooling import pool_outputs
+from tokenmill.worker.sampling_inputs import sampling_metadata
 from tokenmill.worker.varlen_batch import varlen_batch
 
 logger = init_logger(__name__)
@@ -248,7 +250,7 @@ class ModelRunner:
         result = ModelRunnerOutput(inp.req_ids, sampled, encoder_seconds=encoder_seconds)
         with self.profile.phase("sample"):
             self._prompt_logprobs(inp, hidden, result)
-            self._pool(inp, hidden, result)
+            pool_outputs(self.model, self.requests, inp.req_ids, inp.attn_metadata, hidden, result)
             if any(inp.draft_ids):
                 self._verify(inp, hidden, result)
             elif inp.sampling_rows:
@@ -291,7 +293,7 @@ class ModelRunner:
         sampled = result.sampled_token_ids
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
         logits = self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
-        md = self._sampling_metadata(states)
+        md = sampling_metadata(states, self.device)
         md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, 0) for s in states])
         out = self.sampler(logits, md)
         token_ids = out.sampled.tolist()
@@ -312,7 +314,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
         row_states = [s for s, d in zip(states, inp.draft_ids) for _ in range(len(d) + 1)]
         prefixes = [d[:j] for d in inp.draft_ids for j in range(len(d) + 1)]
-        md = self._sampling_metadata(row_states, prefixes)
+        md = sampling_metadata(row_states, self.device, prefixes)
         md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, len(p))
                                                                     for s, p in zip(row_states, prefixes)])
         verified = rejection_sample(self.sampler, logits, md, inp.draft_ids, [s.generator for s in states])
@@ -346,40 +348,6 @@ class ModelRunner:
         logit_rows, mask_rows = zip(*pairs)
         return torch.tensor(logit_rows), gb.bitmask[list(mask_rows)]   # (moved to the logits' device where applied)
 
-    def _sampling_metadata(self, states: list[CachedRequestState],
-                           draft_prefixes: list[list[int]] | None = None) -> SamplingMetadata:
-        """One row per state; with drafts, a state is repeated for each row that verifies one, and its row's
-        output so far includes the drafts before it (penalties and min_tokens count them)."""
-        extra = draft_prefixes or [[] for _ in states]
-        sps = [s.sampling_params for s in states]
-        dev = self.device
-        temperature = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=dev)
-        all_greedy = all(sp.greedy for sp in sps)
-        md = SamplingMetadata(temperature=temperature, all_greedy=all_greedy)
-        if not all_greedy:
-            if any(sp.top_k > 0 for sp in sps):
-                md.top_k = torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev)
-            if any(sp.top_p < 1.0 for sp in sps):
-                md.top_p = torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev)
-            if any(sp.min_p > 0.0 for sp in sps):
-                md.min_p = torch.tensor([sp.min_p for sp in sps], dtype=torch.float32, device=dev)
-            md.generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
-        wanted = [sp.logprobs for sp in sps if sp.logprobs is not None]
-        md.max_num_logprobs = max(wanted) if wanted else None
-        if any(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0 for sp in sps):
-            md.presence_penalty = torch.tensor([sp.presence_penalty for sp in sps], dtype=torch.float32, device=dev)
-            md.frequency_penalty = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32, device=dev)
-            md.repetition_penalty = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev)
-            md.prompt_token_ids = [s.token_buf[: s.num_prompt_tokens].tolist() for s in states]
-            md.output_token_ids = [s.output_token_ids + e for s, e in zip(states, extra)]
-        if any(sp.logit_bias for sp in sps):
-            md.logit_bias = [sp.logit_bias for sp in sps]
-        under_min = [(i, sorted(sp.all_stop_token_ids)) for i, (s, sp, e) in enumerate(zip(states, sps, extra))
-                     if sp.min_tokens and s.num_tokens + len(e) - s.num_prompt_tokens < sp.min_tokens
-                     and sp.all_stop_token_ids]
-        md.stop_token_mask = under_min or None
-        return md
-
     def _follow_logits(self, inp: StepInputs, hidden: torch.Tensor) -> None:
         """A tensor-parallel rank that does not sample still computes its vocabulary slice of every logits row
         the first rank asks for, in the same order (they are gathered there)."""
@@ -404,35 +372,6 @@ class ModelRunner:
             idx = (torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos, device=self.device)
                    if last_pos > first_pos else None)
             yield rid, state, idx, first_pos
-
-    def _pool(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
-        """Embedding requests: their prompt's final hidden states pooled over the chunks it arrives in (the sum for
-        mean, the first position for cls), and at the prompt's last chunk the embedding (last: its final row)."""
-        md = inp.attn_metadata
-        qsl, seq_lens = md.query_start_loc_np, md.seq_lens_np
-        head = getattr(self.model, "pooled_output", None)
-        for r, rid in enumerate(inp.req_ids):
-            state = self.requests[rid]
-            kind = state.sampling_params.pooling
-            if kind is None:
-                continue
-            rows = hidden[int(qsl[r]):int(qsl[r + 1])].float()
-            if kind == "mean":
-                part = rows.sum(0)
-                state.pool_acc = part if state.pool_acc is None else state.pool_acc + part
-            elif kind == "cls" and int(seq_lens[r]) == len(rows):   # the chunk that starts the prompt
-                state.pool_acc = rows[0].clone()
-            if int(seq_lens[r]) < state.num_prompt_tokens:
-                continue
-            if kind == "last":
-                vec = rows[-1]
-            else:
-                vec = state.pool_acc / state.num_prompt_tokens if kind == "mean" else state.pool_acc
-            if head is not None:   # a cross-encoder: its label logits
-                vec = head(vec)
-            if state.sampling_params.normalize:
-                vec = torch.nn.functional.normalize(vec, dim=0)
-            result.pooled[rid] = vec.tolist()
 
     def _prompt_logprobs(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         """For requests that asked for prompt logprobs: each scheduled prompt position scores the next prompt
