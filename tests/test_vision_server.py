@@ -94,6 +94,9 @@ def test_image_chats_equal_offline(server, llava_dir, image_host):
     assert got == want
     with _chat(server, _content(image_host + "/b.png"), stream=True, stream_options={"include_usage": True}) as r:
         assert r.status_code == 200 and _streamed_text(r) == want[1]
+    count = requests.post(server.url + "/tokenize", timeout=30, json={
+        "messages": [{"role": "user", "content": _content(data_url(a))}]}).json()["count"]
+    assert count == _chat(server, _content(data_url(a))).json()["usage"]["prompt_tokens"]   # 16 per image
 
 
 def _svg_url() -> str:

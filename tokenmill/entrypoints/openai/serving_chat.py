@@ -71,7 +71,7 @@ class OpenAIServingChat:
                                          and options.tool_call_parser is not None)
             text, images = self._render(req, functions, choice)
             if images:
-                prompt = await self._with_images(text, images)
+                prompt = await self.with_images(text, images)
             else:
                 prompt = engine.input_processor.process_prompt(text, add_special_tokens=False)
             prompt.cache_salt = check_cache_salt(req.cache_salt)
@@ -114,7 +114,7 @@ class OpenAIServingChat:
         return JSONResponse(await until_disconnected(raw, self._full(rid, prompt, stream, req.top_logprobs or 0,
                                                                      parser, choice)))
 
-    async def _with_images(self, text: str, images: list):
+    async def with_images(self, text: str, images: list):
         """The prompt with its images, fetched, decoded and preprocessed off the event loop."""
         ip = self.ctx.engine.input_processor
         try:

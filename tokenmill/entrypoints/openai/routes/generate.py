@@ -33,9 +33,12 @@ async def tokenize(req: TokenizeRequest, raw: Request):
     parts.ctx.check_model(req.model)
     engine = parts.engine
     if req.messages is not None:
-        messages, _ = template_messages(req, engine.input_processor.mm is not None)
+        messages, images = template_messages(req, engine.input_processor.mm is not None)
         text = engine.input_processor.apply_chat_template(messages, req.add_generation_prompt)
-        tokens = engine.tokenizer(text, add_special_tokens=False).input_ids
+        if images:   # each placeholder expanded, as the chat would run it
+            tokens = (await parts.chat.with_images(text, images)).prompt_token_ids
+        else:
+            tokens = engine.tokenizer(text, add_special_tokens=False).input_ids
     elif req.prompt is not None:
         tokens = engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
     else:
