@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 from conftest import assert_greedy_matches
-from vision_utils import QUESTION, LlavaReference, build_tiny_llava, data_url, random_image
+from vision_utils import (
+    QUESTION,
+    QWEN_QUESTION,
+    LlavaReference,
+    Qwen2VLReference,
+    build_tiny_llava,
+    build_tiny_qwen2_vl,
+    data_url,
+    random_image,
+)
 
 from tokenmill import LLM, SamplingParams
 
@@ -133,3 +142,39 @@ def test_refused_inputs(llava_dir, smol_llm):
                       GREEDY, use_tqdm=False)
     # the engine is unharmed: a good request still runs
     assert llm.generate({"prompt": QUESTION, "multi_modal_data": {"image": im}}, GREEDY, use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory, smol_tokenizer):
+    return build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), smol_tokenizer)
+
+
+QWEN_TWO = "<|vision_start|><|image_pad|><|vision_end|>and<|vision_start|><|image_pad|><|vision_end|>differ how?"
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["native", "eager"])
+def test_qwen2_vl_matches_transformers(qwen_dir, eager):
+    """Each image at its own resolution (6 to 40 embeddings here), M-RoPE's (t, h, w) positions in the prompt and
+    the delta after it; 8-token steps cut the images, and a small cache preempts."""
+    reference = Qwen2VLReference(qwen_dir)
+    im = [random_image(60, 90, 1), random_image(200, 120, 2), random_image(56, 230, 3)]
+    cases = [(QWEN_QUESTION, [im[0]]), (QWEN_QUESTION, [im[1]]), (QWEN_QUESTION, [im[2]]), (QWEN_TWO, [im[1], im[0]])]
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+    for kwargs in (dict(kv_cache_memory="16MiB"), dict(num_gpu_blocks_override=12, block_size=8,
+                                                         max_num_batched_tokens=8)):
+        llm = LLM(model=str(qwen_dir), dtype="float32", enforce_eager=eager, **kwargs)
+        outs = llm.generate([{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in cases], sp,
+                            use_tqdm=False)
+        _check(outs, cases, reference, max_new_tokens=12)
+    assert llm.engine_core.scheduler.num_preemptions > 0
+
+
+def test_qwen2_vl_chat_parts_equal_generate(qwen_dir):
+    im = random_image(150, 100, 4)
+    llm = LLM(model=str(qwen_dir), dtype="float32", kv_cache_memory="16MiB")
+    chat = llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(im)}},
+                                                  {"type": "text", "text": "What is in the picture?"}]}],
+                    GREEDY, use_tqdm=False, add_generation_prompt=False)
+    gen = llm.generate({"prompt": QWEN_QUESTION, "multi_modal_data": {"image": im}}, GREEDY, use_tqdm=False)
+    assert chat[0].prompt_token_ids == gen[0].prompt_token_ids
+    assert chat[0].outputs[0].token_ids == gen[0].outputs[0].token_ids

@@ -77,3 +77,64 @@ class LlavaReference:
                                       return_dict_in_generate=True)
         n = enc["input_ids"].shape[1]
         return enc["input_ids"][0].tolist(), out.sequences[0, n:].tolist(), torch.cat(out.logits)
+
+
+QWEN_QUESTION = "<|vision_start|><|image_pad|><|vision_end|>What is in the picture?"
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# Qwen2-VL's way of writing an image part (the rest of its chat template left out)
+QWEN_TEMPLATE = ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                 "{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+                 "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}")
+
+
+def build_tiny_qwen2_vl(folder: Path, tokenizer) -> Path:
+    """Qwen2-VL with M-RoPE sections [2, 3, 3] of a 16-wide head, images between 56x56 and 8x8 patches of 28."""
+    import transformers
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_tokens(QWEN_TOKENS, special_tokens=True)
+    start, end, image, video = tok.convert_tokens_to_ids(QWEN_TOKENS)
+    tok.chat_template = QWEN_TEMPLATE
+    cfg = transformers.Qwen2VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=video + 1, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                         tie_word_embeddings=False, initializer_range=0.3, bos_token_id=None, eos_token_id=None),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3, initializer_range=0.3),
+        image_token_id=image, video_token_id=video, vision_start_token_id=start, vision_end_token_id=end)
+    torch.manual_seed(1234)
+    transformers.Qwen2VLForConditionalGeneration(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    pixels = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64}   # min_pixels and max_pixels
+    transformers.Qwen2VLImageProcessor(size=pixels).save_pretrained(folder)
+    return Path(folder)
+
+
+class Qwen2VLReference:
+    """transformers' Qwen2VLForConditionalGeneration on its image processor's output. (Qwen2VLProcessor needs a
+    video processor, which needs torchvision: the prompt is expanded here by the documented rule instead, one
+    <|image_pad|> per 2x2 patches of the image's grid; M-RoPE's positions are transformers' own.)"""
+
+    def __init__(self, folder: Path):
+        import transformers
+
+        self.model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        self.images = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
+        self.pad = self.model.config.image_token_id
+
+    def greedy(self, prompt: str, images: list, max_new_tokens: int):
+        enc = self.images(images=images, return_tensors="pt")
+        counts = iter((enc["image_grid_thw"].prod(-1) // 4).tolist())
+        ids = []
+        for t in self.tokenizer(prompt, add_special_tokens=False).input_ids:
+            ids.extend([t] * next(counts) if t == self.pad else [t])
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      mm_token_type_ids=(input_ids == self.pad).int(),
+                                      pixel_values=enc["pixel_values"], image_grid_thw=enc["image_grid_thw"],
+                                      max_new_tokens=max_new_tokens, do_sample=False, output_logits=True,
+                                      return_dict_in_generate=True)
+        return ids, out.sequences[0, len(ids):].tolist(), torch.cat(out.logits)

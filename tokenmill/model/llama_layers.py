@@ -49,7 +49,7 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = rows[0][1] // self.head_dim, rows[1][1] // self.head_dim
         model_type = getattr(cfg, "model_type", "llama")
         bias = bool(getattr(cfg, "attention_bias", False))
-        qwen2 = model_type in ("qwen2", "qwen2_moe")
+        qwen2 = model_type in ("qwen2", "qwen2_moe", "qwen2_vl_text", "qwen2_5_vl_text")
         qkv_bias = bias or qwen2
         q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
         self.qkv_proj = MergedLinear(cfg.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias, parallel="column",

@@ -35,7 +35,7 @@ def mm_config_for(args: EngineArgs, model_config: ModelConfig, max_num_batched_t
         if args.limit_mm_per_prompt is not None:
             raise ValueError("limit_mm_per_prompt: the model takes no images (it has no vision tower)")
         return None
-    per_item = max_tokens_per_image(model_config.mm_hf_config)
+    per_item = max_tokens_per_image(model_config.mm_hf_config, model_config.model)
     budget = max(max_num_batched_tokens, per_item)
     return MultiModalConfig(limits_of(args.limit_mm_per_prompt), encoder_cache_tokens=budget,
                             encoder_budget_tokens=budget, max_tokens_per_item=per_item)

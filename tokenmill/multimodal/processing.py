@@ -42,18 +42,46 @@ class LlavaImages:
 
 
     @staticmethod
-    def max_tokens(hf_config) -> int:
+    def max_tokens(hf_config, folder: str) -> int:
         vc = hf_config.vision_config   # the tower's position table fixes the image size
         extra = 1 if getattr(hf_config, "vision_feature_select_strategy", "default") == "full" else 0
         return (int(vc.image_size) // int(vc.patch_size)) ** 2 + extra
 
 
-_FAMILIES = {"llava": LlavaImages}
+class Qwen2VLImages:
+    """Qwen2-VL: the image at its own resolution, resized to multiples of 28 pixels within min_pixels..max_pixels
+    (the processor's `size`), cut into 14-pixel patches; one embedding per 2x2 patches. The encoder inputs are
+    the flat patches and the (t, h, w) grid, which M-RoPE's positions also read."""
+
+    def __init__(self, folder: str, hf_config, tokenizer):
+        self.processor = _image_processor(folder)
+        self.placeholder_id = int(hf_config.image_token_id)
+        self.placeholder = tokenizer.convert_ids_to_tokens(self.placeholder_id)
+        self.merge = int(hf_config.vision_config.spatial_merge_size)
+
+    def preprocess(self, images: list) -> list[tuple[dict[str, np.ndarray], int]]:
+        out = []
+        for img in images:   # each its own size: one call an image
+            enc = self.processor(images=[img], return_tensors="np")
+            grid = np.asarray(enc["image_grid_thw"], dtype=np.int64).reshape(3)
+            out.append(({"pixel_values": np.asarray(enc["pixel_values"], dtype=np.float32), "image_grid_thw": grid},
+                        int(grid.prod()) // self.merge ** 2))
+        return out
+
+    @staticmethod
+    def max_tokens(hf_config, folder: str) -> int:
+        size = _image_processor(folder).size
+        max_pixels = size.get("longest_edge") if hasattr(size, "get") else getattr(size, "longest_edge", None)
+        vc = hf_config.vision_config
+        return int(max_pixels or 12845056) // (vc.patch_size * vc.spatial_merge_size) ** 2
 
 
-def max_tokens_per_image(hf_config) -> int:
+_FAMILIES = {"llava": LlavaImages, "qwen2_vl": Qwen2VLImages}
+
+
+def max_tokens_per_image(hf_config, folder: str) -> int:
     """The most embeddings one image of this family can make (the encoder's budget must hold one whole)."""
-    return _family(hf_config.model_type).max_tokens(hf_config)
+    return _family(hf_config.model_type).max_tokens(hf_config, folder)
 
 
 def _family(model_type: str):

@@ -26,6 +26,7 @@ class CachedRequestState:
     pool_acc: torch.Tensor | None = None   # an embedding request's pooled hidden state so far (sum, or first row)
     lora_request: LoRARequest | None = None
     mm_features: list[MultiModalFeature] | None = None   # a vision model's images of this request
+    mrope: tuple | None = None   # M-RoPE models: the prompt's [3, n] positions and delta (multimodal/mrope.py)
 
     @classmethod
     def create(cls, req_id: str, token_ids: list[int], num_prompt_tokens: int, sp: SamplingParams,

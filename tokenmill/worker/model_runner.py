@@ -166,6 +166,9 @@ class ModelRunner:
                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
         if self.encoder is not None:
             inp.inputs_embeds = self.encoder.inputs_embeds(input_ids, states, start, n, qsl)
+            mrope = getattr(self.model, "mrope", None)
+            if mrope is not None:
+                mrope.remap(positions, states, start, n, qsl, self.model.spatial_merge_size)
         if get_pp().size > 1:
             inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
         elif len(logits_indices) < len(input_ids) - 1 and self._only_logits_rows_used(states):
