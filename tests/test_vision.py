@@ -149,13 +149,20 @@ def qwen_dir(tmp_path_factory, smol_tokenizer):
     return build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), smol_tokenizer)
 
 
+@pytest.fixture(scope="module")
+def qwen25_dir(tmp_path_factory, smol_tokenizer):
+    return build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"), smol_tokenizer, v25=True)
+
+
 QWEN_TWO = "<|vision_start|><|image_pad|><|vision_end|>and<|vision_start|><|image_pad|><|vision_end|>differ how?"
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["native", "eager"])
-def test_qwen2_vl_matches_transformers(qwen_dir, eager):
+@pytest.mark.parametrize("family,eager", [("qwen2_vl", False), ("qwen2_vl", True), ("qwen2_5_vl", False)])
+def test_qwen2_vl_matches_transformers(request, family, eager):
     """Each image at its own resolution (6 to 40 embeddings here), M-RoPE's (t, h, w) positions in the prompt and
-    the delta after it; 8-token steps cut the images, and a small cache preempts."""
+    the delta after it; 8-token steps cut the images, and a small cache preempts. Qwen2.5-VL's windows: 2x2
+    merged units, so the larger images span several (and partial ones at their edges)."""
+    qwen_dir = request.getfixturevalue("qwen25_dir" if family == "qwen2_5_vl" else "qwen_dir")
     reference = Qwen2VLReference(qwen_dir)
     im = [random_image(60, 90, 1), random_image(200, 120, 2), random_image(56, 230, 3)]
     cases = [(QWEN_QUESTION, [im[0]]), (QWEN_QUESTION, [im[1]]), (QWEN_QUESTION, [im[2]]), (QWEN_TWO, [im[1], im[0]])]

@@ -87,24 +87,29 @@ QWEN_TEMPLATE = ("{% for m in messages %}{% if m['content'] is string %}{{ m['co
                  "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}")
 
 
-def build_tiny_qwen2_vl(folder: Path, tokenizer) -> Path:
-    """Qwen2-VL with M-RoPE sections [2, 3, 3] of a 16-wide head, images between 56x56 and 8x8 patches of 28."""
+def build_tiny_qwen2_vl(folder: Path, tokenizer, v25: bool = False) -> Path:
+    """Qwen2-VL (or Qwen2.5-VL: windows of 2x2 merged units, blocks 1 of 3 full) with M-RoPE sections [2, 3, 3]
+    of a 16-wide head, images between 56x56 and 8x8 patches of 28."""
     import transformers
 
     tok = copy.deepcopy(tokenizer)
     tok.add_tokens(QWEN_TOKENS, special_tokens=True)
     start, end, image, video = tok.convert_tokens_to_ids(QWEN_TOKENS)
     tok.chat_template = QWEN_TEMPLATE
-    cfg = transformers.Qwen2VLConfig(
+    vision = (dict(depth=3, hidden_size=32, intermediate_size=48, out_hidden_size=64, num_heads=4, window_size=56,
+                   fullatt_block_indexes=[1], hidden_act="silu") if v25 else
+              dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2))
+    cfg = (transformers.Qwen2_5_VLConfig if v25 else transformers.Qwen2VLConfig)(
         text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=video + 1, max_position_embeddings=1024,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                          tie_word_embeddings=False, initializer_range=0.3, bos_token_id=None, eos_token_id=None),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3, initializer_range=0.3),
+        vision_config=dict(**vision, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                           initializer_range=0.3),
         image_token_id=image, video_token_id=video, vision_start_token_id=start, vision_end_token_id=end)
     torch.manual_seed(1234)
-    transformers.Qwen2VLForConditionalGeneration(cfg).save_pretrained(folder)
+    (transformers.Qwen2_5_VLForConditionalGeneration if v25 else
+     transformers.Qwen2VLForConditionalGeneration)(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     pixels = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64}   # min_pixels and max_pixels
     transformers.Qwen2VLImageProcessor(size=pixels).save_pretrained(folder)
@@ -119,7 +124,7 @@ class Qwen2VLReference:
     def __init__(self, folder: Path):
         import transformers
 
-        self.model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+        self.model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self.images = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
         self.pad = self.model.config.image_token_id

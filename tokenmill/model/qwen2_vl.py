@@ -24,42 +24,82 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
-class VisionBlock(nn.Module):
-    def __init__(self, vc):
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
-        d = vc.embed_dim
-        self.heads = vc.num_heads
-        self.norm1, self.norm2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        hidden = int(d * vc.mlp_ratio)
-        self.fc1, self.fc2, self.act = nn.Linear(d, hidden), nn.Linear(hidden, d), activation(vc.hidden_act)
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class VisionBlock(nn.Module):
+    """Qwen2-VL's block (LayerNorm, an fc1/fc2 MLP), or Qwen2.5-VL's (RMSNorm, a gated MLP with biases)."""
+
+    def __init__(self, vc, v25: bool):
+        super().__init__()
+        d = vc.hidden_size if v25 else vc.embed_dim
+        self.heads, self.v25 = vc.num_heads, v25
+        norm = RMSNorm if v25 else (lambda n: nn.LayerNorm(n, eps=1e-6))
+        self.norm1, self.norm2 = norm(d), norm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.act = activation(vc.hidden_act)
+        if v25:
+            inter = vc.intermediate_size
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(d, inter), nn.Linear(d, inter), nn.Linear(inter, d)
+        else:
+            hidden = int(d * vc.mlp_ratio)
+            self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: list[int]) -> torch.Tensor:
+        """Attention within each of the consecutive `spans` of rows (a frame, or a window)."""
         n, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(n, 3, self.heads, d // self.heads).unbind(1)
         qf, kf = q.float(), k.float()
-        q = (qf * cos + _rotate_half(qf) * sin).to(v.dtype)
-        k = (kf * cos + _rotate_half(kf) * sin).to(v.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+        q = (qf * cos + _rotate_half(qf) * sin).to(v.dtype).transpose(0, 1)
+        k = (kf * cos + _rotate_half(kf) * sin).to(v.dtype).transpose(0, 1)
+        v = v.transpose(0, 1)
+        out = torch.cat([F.scaled_dot_product_attention(a, b, c) for a, b, c in
+                         zip(q.split(spans, 1), k.split(spans, 1), v.split(spans, 1))], dim=1)
         x = x + self.proj(out.transpose(0, 1).reshape(n, d))
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        h = self.norm2(x)
+        if self.v25:
+            return x + self.down_proj(self.act(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.fc2(self.act(self.fc1(h)))
+
+
+def _windows(h: int, w: int, size: int) -> tuple[list[int], list[int]]:
+    """Qwen2.5-VL's windows over an image's merged grid: tiles of size x size units in row order, units in row
+    order within a tile. The units' order, and each window's unit count."""
+    order, counts = [], []
+    for top in range(0, h, size):
+        for left in range(0, w, size):
+            units = [r * w + c for r in range(top, min(top + size, h)) for c in range(left, min(left + size, w))]
+            order += units
+            counts.append(len(units))
+    return order, counts
 
 
 class Qwen2VisionTower(nn.Module):
-    def __init__(self, vc):
+    def __init__(self, vc, v25: bool = False):
         super().__init__()
-        self.merge = vc.spatial_merge_size
+        self.merge, self.v25 = vc.spatial_merge_size, v25
+        width = vc.hidden_size if v25 else vc.embed_dim
+        out = vc.out_hidden_size if v25 else vc.hidden_size
+        self.full_blocks = set(getattr(vc, "fullatt_block_indexes", None) or ()) if v25 else None
+        self.window = vc.window_size // vc.spatial_merge_size // vc.patch_size if v25 else 0
         self.patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
-        self.patch_embed = nn.Linear(self.patch_dim, vc.embed_dim, bias=False)   # the checkpoint's Conv3d, flat
-        head = vc.embed_dim // vc.num_heads
+        self.patch_embed = nn.Linear(self.patch_dim, width, bias=False)   # the checkpoint's Conv3d, flat
+        head = width // vc.num_heads
         theta = float((getattr(vc, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         spatial = head // 2   # half the head's frequencies for rows, half for columns
         self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial),
                              persistent=False)
-        self.blocks = nn.ModuleList(VisionBlock(vc) for _ in range(vc.depth))
-        width = vc.embed_dim * self.merge ** 2
-        self.ln_q = nn.LayerNorm(vc.embed_dim, eps=1e-6)
-        self.mlp0, self.mlp2 = nn.Linear(width, width), nn.Linear(width, vc.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(vc, v25) for _ in range(vc.depth))
+        self.ln_q = RMSNorm(width) if v25 else nn.LayerNorm(width, eps=1e-6)
+        merged = width * self.merge ** 2
+        self.mlp0, self.mlp2 = nn.Linear(merged, merged), nn.Linear(merged, out)
 
     def _rotary(self, t: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each patch's (row, column) angles, patches ordered in merge x merge blocks as the processor lays them."""
@@ -75,14 +115,17 @@ class Qwen2VisionTower(nn.Module):
         t, h, w = grid
         cos, sin = self._rotary(t, h, w)
         x = self.patch_embed(patches.to(self.patch_embed.weight.dtype))
-        frames = x.view(t, h * w, -1)   # attention within each frame (an image has one)
-        x = torch.cat([self._frame(f, cos[: h * w], sin[: h * w]) for f in frames])
-        return self.mlp2(F.gelu(self.mlp0(self.ln_q(x).view(-1, self.mlp0.in_features))))
-
-    def _frame(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        return x
+        unit = self.merge ** 2
+        frame = [h * w] * t   # full attention within each frame (an image has one)
+        if self.v25:   # rows regrouped window by window (units of merge x merge patches move together)
+            order, counts = _windows(h // self.merge, w // self.merge, self.window)
+            index = torch.tensor([u + f * len(order) for f in range(t) for u in order])
+            x, cos, sin = (a.view(-1, unit, *a.shape[1:])[index].flatten(0, 1) for a in (x, cos, sin))
+            windows = [c * unit for _ in range(t) for c in counts]
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, frame if not self.v25 or i in self.full_blocks else windows)
+        out = self.mlp2(F.gelu(self.mlp0(self.ln_q(x).view(-1, self.mlp0.in_features))))
+        return out[torch.argsort(index)] if self.v25 else out
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> str:
         name = {"merger.ln_q.weight": "ln_q.weight", "merger.ln_q.bias": "ln_q.bias",
@@ -90,7 +133,8 @@ class Qwen2VisionTower(nn.Module):
                 "merger.mlp.2.weight": "mlp2.weight", "merger.mlp.2.bias": "mlp2.bias",
                 "patch_embed.proj.weight": "patch_embed.weight"}.get(name, name)
         name = name.replace(".attn.qkv.", ".qkv.").replace(".attn.proj.", ".proj.")
-        name = name.replace(".mlp.fc1.", ".fc1.").replace(".mlp.fc2.", ".fc2.")
+        for sub in ("fc1", "fc2", "gate_proj", "up_proj", "down_proj"):
+            name = name.replace(f".mlp.{sub}.", f".{sub}.")
         params = dict(self.named_parameters())
         if name not in params:
             raise ValueError(f"checkpoint tensor visual.{name} has no matching parameter")
@@ -109,7 +153,7 @@ def _renamed(name: str) -> str:
 class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, cfg, backend: AttentionBackend, max_positions: int):
         super().__init__(cfg.text_config, backend, max_positions)
-        self.visual = Qwen2VisionTower(cfg.vision_config)
+        self.visual = Qwen2VisionTower(cfg.vision_config, v25=cfg.model_type == "qwen2_5_vl")
         rope = dict(getattr(cfg.text_config, "rope_parameters", None) or getattr(cfg.text_config, "rope_scaling", {}))
         self.spatial_merge_size = cfg.vision_config.spatial_merge_size
         text = cfg.text_config

@@ -16,6 +16,7 @@ _MODELS: dict[str, str] = {
     # vision-language: a vision tower and projector before the language model (multimodal/ preprocesses)
     "LlavaForConditionalGeneration": "tokenmill.model.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "tokenmill.model.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "tokenmill.model.qwen2_vl:Qwen2VLForConditionalGeneration",
     # cross-encoders (/v1/score, /v1/rerank): the decoder and a score head at the last token
     "LlamaForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
     "MistralForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",

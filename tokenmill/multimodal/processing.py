@@ -76,7 +76,7 @@ class Qwen2VLImages:
         return int(max_pixels or 12845056) // (vc.patch_size * vc.spatial_merge_size) ** 2
 
 
-_FAMILIES = {"llava": LlavaImages, "qwen2_vl": Qwen2VLImages}
+_FAMILIES = {"llava": LlavaImages, "qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen2VLImages}
 
 
 def max_tokens_per_image(hf_config, folder: str) -> int:
