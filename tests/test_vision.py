@@ -185,3 +185,17 @@ def test_qwen2_vl_chat_parts_equal_generate(qwen_dir):
     gen = llm.generate({"prompt": QWEN_QUESTION, "multi_modal_data": {"image": im}}, GREEDY, use_tqdm=False)
     assert chat[0].prompt_token_ids == gen[0].prompt_token_ids
     assert chat[0].outputs[0].token_ids == gen[0].outputs[0].token_ids
+
+
+def test_mm_processor_kwargs_cap_qwen_images(qwen_dir):
+    """--mm-processor-kwargs '{"max_pixels": ...}' resizes Qwen2-VL's images smaller (6 embeddings instead of 28
+    for this 200x120 picture), as transformers' processor does with the same setting."""
+    im = random_image(200, 120, 2)
+    llm = LLM(model=str(qwen_dir), dtype="float32", kv_cache_memory="16MiB",
+              mm_processor_kwargs='{"max_pixels": 6272}')
+    out = llm.generate({"prompt": QWEN_QUESTION, "multi_modal_data": {"image": im}}, GREEDY, use_tqdm=False)
+    pad = llm.config.model_config.mm_hf_config.image_token_id
+    assert out[0].prompt_token_ids.count(pad) == 6
+    _check(out, [(QWEN_QUESTION, [im])], Qwen2VLReference(qwen_dir, max_pixels=6272))
+    with pytest.raises(ValueError, match="takes no images"):
+        LLM(dtype="float32", kv_cache_memory="16MiB", mm_processor_kwargs='{"max_pixels": 6272}')

@@ -121,12 +121,12 @@ class Qwen2VLReference:
     video processor, which needs torchvision: the prompt is expanded here by the documented rule instead, one
     <|image_pad|> per 2x2 patches of the image's grid; M-RoPE's positions are transformers' own.)"""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, **processor_kwargs):
         import transformers
 
         self.model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        self.images = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
+        self.images = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil", **processor_kwargs)
         self.pad = self.model.config.image_token_id
 
     def greedy(self, prompt: str, images: list, max_new_tokens: int):

@@ -135,6 +135,9 @@ class EngineArgs:
     limit_mm_per_prompt: str | dict | None = _arg(
         None, "Vision models: most media items one prompt may carry, as vLLM's JSON, e.g. '{\"image\": 4}' "
               "(default 8 images).")
+    mm_processor_kwargs: str | dict | None = _arg(
+        None, "Vision models: settings for the model's image processor, as vLLM's JSON, e.g. '{\"max_pixels\": "
+              "401408}' to cap a Qwen2-VL image at 512 embeddings (its min_pixels and max_pixels).")
     max_image_pixels: int = _arg(4096 * 4096, "Vision models: the largest image accepted, in pixels (width x height); "
                                              "a larger one is refused with a 400.")
     max_media_bytes: str = _arg("20MiB", "Vision models: the largest encoded image accepted (an upload, a data: "
@@ -323,6 +326,7 @@ class MultiModalConfig:
     """What a vision model's engine holds for media: the encoder cache (embeddings kept by content hash, so an
     image sent again is not encoded again) and the embeddings the encoder may compute in one step."""
     limit_per_prompt: dict[str, int]
+    processor_kwargs: dict   # --mm-processor-kwargs: what the image processor is loaded with
     encoder_cache_tokens: int
     encoder_budget_tokens: int
     max_tokens_per_item: int

@@ -38,7 +38,8 @@ class InputProcessor:
         if mm_config is not None:
             from tokenmill.multimodal.processing import MultiModalProcessor, image_inputs_for
 
-            images = image_inputs_for(model_config.model, model_config.mm_hf_config, tokenizer)
+            images = image_inputs_for(model_config.model, model_config.mm_hf_config, tokenizer,
+                                      mm_config.processor_kwargs)
             self.mm = MultiModalProcessor(images, mm_config.limit_per_prompt, self.media)
 
     def process_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:

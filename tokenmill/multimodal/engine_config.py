@@ -28,16 +28,31 @@ def limits_of(value) -> dict[str, int]:
     return {"image": int(value.get("image", DEFAULT_IMAGE_LIMIT))}
 
 
+def processor_kwargs_of(value) -> dict:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"mm_processor_kwargs must be a JSON object like '{{\"max_pixels\": 401408}}': {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError("mm_processor_kwargs must be a JSON object like {\"max_pixels\": 401408}")
+    return value
+
+
 def mm_config_for(args: EngineArgs, model_config: ModelConfig, max_num_batched_tokens: int) -> MultiModalConfig | None:
     """A vision model's encoder cache and budget: the step's token budget, and never less than one whole image
     (vLLM's rule), so an image that chunked prefill reaches can always be encoded."""
     if not model_config.is_multimodal:
-        if args.limit_mm_per_prompt is not None:
-            raise ValueError("limit_mm_per_prompt: the model takes no images (it has no vision tower)")
+        for name in ("limit_mm_per_prompt", "mm_processor_kwargs"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"{name}: the model takes no images (it has no vision tower)")
         return None
-    per_item = max_tokens_per_image(model_config.mm_hf_config, model_config.model)
+    kwargs = processor_kwargs_of(args.mm_processor_kwargs)
+    per_item = max_tokens_per_image(model_config.mm_hf_config, model_config.model, kwargs)
     budget = max(max_num_batched_tokens, per_item)
-    return MultiModalConfig(limits_of(args.limit_mm_per_prompt), encoder_cache_tokens=budget,
+    return MultiModalConfig(limits_of(args.limit_mm_per_prompt), kwargs, encoder_cache_tokens=budget,
                             encoder_budget_tokens=budget, max_tokens_per_item=per_item)
 
 

@@ -27,8 +27,8 @@ class LlavaImages:
     """LLaVA-1.5: CLIP's resize, centre crop and normalisation; one embedding per patch (and the class token's
     with vision_feature_select_strategy "full")."""
 
-    def __init__(self, folder: str, hf_config, tokenizer):
-        self.processor = _image_processor(folder)
+    def __init__(self, folder: str, hf_config, tokenizer, kwargs: dict):
+        self.processor = _image_processor(folder, kwargs)
         self.placeholder_id = int(getattr(hf_config, "image_token_index", None) or hf_config.image_token_id)
         self.placeholder = tokenizer.convert_ids_to_tokens(self.placeholder_id)
         self.patch = int(hf_config.vision_config.patch_size)
@@ -42,7 +42,7 @@ class LlavaImages:
 
 
     @staticmethod
-    def max_tokens(hf_config, folder: str) -> int:
+    def max_tokens(hf_config, folder: str, kwargs: dict) -> int:
         vc = hf_config.vision_config   # the tower's position table fixes the image size
         extra = 1 if getattr(hf_config, "vision_feature_select_strategy", "default") == "full" else 0
         return (int(vc.image_size) // int(vc.patch_size)) ** 2 + extra
@@ -53,8 +53,8 @@ class Qwen2VLImages:
     (the processor's `size`), cut into 14-pixel patches; one embedding per 2x2 patches. The encoder inputs are
     the flat patches and the (t, h, w) grid, which M-RoPE's positions also read."""
 
-    def __init__(self, folder: str, hf_config, tokenizer):
-        self.processor = _image_processor(folder)
+    def __init__(self, folder: str, hf_config, tokenizer, kwargs: dict):
+        self.processor = _image_processor(folder, kwargs)
         self.placeholder_id = int(hf_config.image_token_id)
         self.placeholder = tokenizer.convert_ids_to_tokens(self.placeholder_id)
         self.merge = int(hf_config.vision_config.spatial_merge_size)
@@ -69,8 +69,8 @@ class Qwen2VLImages:
         return out
 
     @staticmethod
-    def max_tokens(hf_config, folder: str) -> int:
-        size = _image_processor(folder).size
+    def max_tokens(hf_config, folder: str, kwargs: dict) -> int:
+        size = _image_processor(folder, kwargs).size
         max_pixels = size.get("longest_edge") if hasattr(size, "get") else getattr(size, "longest_edge", None)
         vc = hf_config.vision_config
         return int(max_pixels or 12845056) // (vc.patch_size * vc.spatial_merge_size) ** 2
@@ -79,9 +79,9 @@ class Qwen2VLImages:
 _FAMILIES = {"llava": LlavaImages, "qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen2VLImages}
 
 
-def max_tokens_per_image(hf_config, folder: str) -> int:
+def max_tokens_per_image(hf_config, folder: str, kwargs: dict) -> int:
     """The most embeddings one image of this family can make (the encoder's budget must hold one whole)."""
-    return _family(hf_config.model_type).max_tokens(hf_config, folder)
+    return _family(hf_config.model_type).max_tokens(hf_config, folder, kwargs)
 
 
 def _family(model_type: str):
@@ -90,17 +90,17 @@ def _family(model_type: str):
     return _FAMILIES[model_type]
 
 
-def _image_processor(folder: str):
+def _image_processor(folder: str, kwargs: dict):
     from transformers import AutoImageProcessor
 
     try:   # Pillow and numpy (torchvision's backend is optional and not a dependency)
-        return AutoImageProcessor.from_pretrained(folder, backend="pil")
-    except (OSError, ValueError) as e:
+        return AutoImageProcessor.from_pretrained(folder, backend="pil", **kwargs)
+    except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"cannot read the image processor in {folder} (preprocessor_config.json): {e}") from e
 
 
-def image_inputs_for(folder: str, hf_config, tokenizer) -> ImageInputs:
-    return _family(hf_config.model_type)(folder, hf_config, tokenizer)
+def image_inputs_for(folder: str, hf_config, tokenizer, kwargs: dict | None = None) -> ImageInputs:
+    return _family(hf_config.model_type)(folder, hf_config, tokenizer, kwargs or {})
 
 
 def multimodal_model_types() -> tuple[str, ...]:
