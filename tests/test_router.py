@@ -257,6 +257,7 @@ def _children_of(pid: int) -> list[int]:
     return [c for p in map(int, out) for c in (p, *_children_of(p))]
 
 
+@pytest.mark.slow   # 21 s of real replica starts; test_autoscaler.py checks the same decisions with fake launchers
 def test_autoscaling_from_zero_through_a_burst_and_back_to_zero(tiny_model_dir):
     """`--min-replicas 0 --max-replicas 2`: the router is healthy with no replica; a first request waits through a
     cold start and is answered; 16 clients in a loop bring a second replica, which then serves some of them; idle,
