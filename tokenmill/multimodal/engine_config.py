@@ -3,24 +3,17 @@ limits), each checked with an error naming the flag."""
 
 from __future__ import annotations
 
-import json
-
 from tokenmill.config import EngineArgs, MediaOptions, ModelConfig, MultiModalConfig
 from tokenmill.multimodal.processing import DEFAULT_IMAGE_LIMIT, max_tokens_per_image
-from tokenmill.utils import parse_bytes
+from tokenmill.utils import json_object, parse_bytes
 
 
 def limits_of(value) -> dict[str, int]:
     """--limit-mm-per-prompt: vLLM's JSON {"image": N}; N = 0 turns image input off."""
     if value is None:
         return {"image": DEFAULT_IMAGE_LIMIT}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"limit_mm_per_prompt must be JSON like '{{\"image\": 4}}': {e}") from e
-    if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                              for v in value.values()):
+    value = json_object(value, "limit_mm_per_prompt")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values()):
         raise ValueError("limit_mm_per_prompt must map a modality to a count >= 0, like {\"image\": 4}")
     unknown = sorted(set(value) - {"image"})
     if unknown:
@@ -29,16 +22,8 @@ def limits_of(value) -> dict[str, int]:
 
 
 def processor_kwargs_of(value) -> dict:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"mm_processor_kwargs must be a JSON object like '{{\"max_pixels\": 401408}}': {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError("mm_processor_kwargs must be a JSON object like {\"max_pixels\": 401408}")
-    return value
+    """--mm-processor-kwargs: what the model's image processor is loaded with, like {"max_pixels": 401408}."""
+    return {} if value is None else json_object(value, "mm_processor_kwargs")
 
 
 def mm_config_for(args: EngineArgs, model_config: ModelConfig, max_num_batched_tokens: int) -> MultiModalConfig | None:
