@@ -34,18 +34,20 @@ class EncoderCacheManager:
         first that does not. Changes nothing (commit does, once the tokens have their KV slots)."""
         end = start + num_new
         needed: set[str] = set()   # the items reached so far: cached or encoded, all held at once this step
-        size = 0
+        size = 0   # their embeddings
+        others = sum(n for k, n in self.cached.items() if k in self.users)   # pinned, and not yet among them
         new: list[int] = []
         encode = 0
         for i, f in enumerate(req.mm_features):
             if f.offset >= end or f.end <= start or f.identifier in needed:
                 continue   # (the same picture twice in one prompt is encoded once)
             fresh = f.identifier not in self.cached
-            pinned = sum(n for k, n in self.cached.items() if k in self.users and k not in needed | {f.identifier})
-            if pinned + size + f.length > self.capacity or (fresh and self.step_tokens + encode + f.length >
-                                                             self.budget):
+            own = f.length if f.identifier in self.users else 0   # already counted in `others`
+            if others - own + size + f.length > self.capacity or (fresh and self.step_tokens + encode + f.length >
+                                                                  self.budget):
                 return max(0, f.offset - start), new
             needed.add(f.identifier)
+            others -= own
             size += f.length
             if fresh:
                 new.append(i)
@@ -62,10 +64,8 @@ class EncoderCacheManager:
                     self.num_hits += 1
                     self.cached.move_to_end(f.identifier)
                 users.add(req.request_id)
-        for i in new:
+        for i in new:   # (plan gave each picture once, none of them cached)
             f = req.mm_features[i]
-            if f.identifier in self.cached:
-                continue
             self._evict_for(f.length)
             self.cached[f.identifier] = f.length
             self.used += f.length

@@ -105,7 +105,9 @@ class CLIPVisionTower(nn.Module):
                 return None
         elif name.startswith("post_layernorm."):
             return None
-        params = dict(self.named_parameters())
+        if "_params" not in self.__dict__:   # (looked up once, not once a tensor)
+            self.__dict__["_params"] = dict(self.named_parameters())
+        params = self.__dict__["_params"]
         if name not in params:
             raise ValueError(f"checkpoint tensor vision_tower.{name} has no matching parameter")
         params[name].data.copy_(tensor)

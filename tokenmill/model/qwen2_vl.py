@@ -12,26 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend
-from tokenmill.layers.rotary import inverse_frequencies, rope_parameters
+from tokenmill.layers.linear import RMSNorm
+from tokenmill.layers.rotary import inverse_frequencies, rope_parameters, rotate_half
 from tokenmill.model.clip_vision import activation
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_config import head_dim_of
 from tokenmill.multimodal.mrope import MRopeRows
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 class VisionBlock(nn.Module):
@@ -41,7 +27,7 @@ class VisionBlock(nn.Module):
         super().__init__()
         d = vc.hidden_size if v25 else vc.embed_dim
         self.heads, self.v25 = vc.num_heads, v25
-        norm = RMSNorm if v25 else (lambda n: nn.LayerNorm(n, eps=1e-6))
+        norm = (lambda n: RMSNorm(n, 1e-6)) if v25 else (lambda n: nn.LayerNorm(n, eps=1e-6))
         self.norm1, self.norm2 = norm(d), norm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.act = activation(vc.hidden_act)
@@ -57,8 +43,8 @@ class VisionBlock(nn.Module):
         n, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(n, 3, self.heads, d // self.heads).unbind(1)
         qf, kf = q.float(), k.float()
-        q = (qf * cos + _rotate_half(qf) * sin).to(v.dtype).transpose(0, 1)
-        k = (kf * cos + _rotate_half(kf) * sin).to(v.dtype).transpose(0, 1)
+        q = (qf * cos + rotate_half(qf) * sin).to(v.dtype).transpose(0, 1)
+        k = (kf * cos + rotate_half(kf) * sin).to(v.dtype).transpose(0, 1)
         v = v.transpose(0, 1)
         out = torch.cat([F.scaled_dot_product_attention(a, b, c) for a, b, c in
                          zip(q.split(spans, 1), k.split(spans, 1), v.split(spans, 1))], dim=1)
@@ -97,7 +83,7 @@ class Qwen2VisionTower(nn.Module):
         self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial),
                              persistent=False)
         self.blocks = nn.ModuleList(VisionBlock(vc, v25) for _ in range(vc.depth))
-        self.ln_q = RMSNorm(width) if v25 else nn.LayerNorm(width, eps=1e-6)
+        self.ln_q = RMSNorm(width, 1e-6) if v25 else nn.LayerNorm(width, eps=1e-6)
         merged = width * self.merge ** 2
         self.mlp0, self.mlp2 = nn.Linear(merged, merged), nn.Linear(merged, out)
 
@@ -135,7 +121,9 @@ class Qwen2VisionTower(nn.Module):
         name = name.replace(".attn.qkv.", ".qkv.").replace(".attn.proj.", ".proj.")
         for sub in ("fc1", "fc2", "gate_proj", "up_proj", "down_proj"):
             name = name.replace(f".mlp.{sub}.", f".{sub}.")
-        params = dict(self.named_parameters())
+        if "_params" not in self.__dict__:   # (looked up once, not once a tensor)
+            self.__dict__["_params"] = dict(self.named_parameters())
+        params = self.__dict__["_params"]
         if name not in params:
             raise ValueError(f"checkpoint tensor visual.{name} has no matching parameter")
         params[name].data.copy_(tensor.reshape(params[name].shape))
