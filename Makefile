@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenm
 	# The native CPU kernels (attention, skinny matmuls, fused norms), compiled once for this machine (the torch path is used if this fails).
 	$(PY) -m tokenmill.kernels.build
 	# The page's browser test drives Debian's chromium (best effort: without it, that one test skips).
+	# Speech tests and the transcription benchmark make real speech with Debian's espeak-ng and sox (best effort).
+	command -v espeak-ng >/dev/null && command -v sox >/dev/null || (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q espeak-ng sox >/dev/null 2>&1 || echo "espeak-ng/sox not installed: the speech-clip tests will skip")
 	command -v chromium >/dev/null || (DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 || echo "chromium not installed: the browser test will skip")
 	touch $(STAMP)
 

@@ -140,8 +140,10 @@ class EngineArgs:
               "401408}' to cap a Qwen2-VL image at 512 embeddings (its min_pixels and max_pixels).")
     max_image_pixels: int = _arg(4096 * 4096, "Vision models: the largest image accepted, in pixels (width x height); "
                                              "a larger one is refused with a 400.")
-    max_media_bytes: str = _arg("20MiB", "Vision models: the largest encoded image accepted (an upload, a data: "
-                                         "URL or a fetched http(s) body).")
+    max_media_bytes: str = _arg("25MiB", "Vision and speech models: the largest encoded image or audio file "
+                                         "accepted (an upload, a data: URL or a fetched http(s) body).")
+    max_audio_clip_s: float = _arg(3600.0, "Speech models: the longest audio accepted, in seconds (longer than 30 s "
+                                           "is cut into windows, transcribed together and joined).")
     media_fetch_timeout: float = _arg(5.0, "Vision models: seconds an http(s) image_url may take to fetch.")
     allowed_local_media_path: str | None = _arg(None, "Vision models: a folder whose files file: image URLs may "
                                                       "read (vLLM's flag). Default: no file: URLs.")
@@ -315,7 +317,8 @@ class SchedulerConfig:
 class MediaOptions:
     """The front end's limits on media input (vLLM's flag names where it has them)."""
     max_image_pixels: int = 4096 * 4096
-    max_media_bytes: int = 20 << 20
+    max_media_bytes: int = 25 << 20
+    max_audio_seconds: float = 3600.0
     fetch_timeout: float = 5.0                 # seconds for a whole http(s) fetch
     allowed_local_media_path: str | None = None   # file: URLs under this folder; None: no file: URLs
     allowed_media_domains: tuple[str, ...] = ()   # only these hosts when set (private ones too); else public only
@@ -330,6 +333,17 @@ class MultiModalConfig:
     encoder_cache_tokens: int
     encoder_budget_tokens: int
     max_tokens_per_item: int
+
+
+@dataclass(frozen=True)
+class CrossAttentionConfig:
+    """An encoder-decoder model's second KV group (Whisper): a running request holds one slot of every decoder
+    layer's cross-attention K/V over its encoder output, taken when its encoder runs and freed with it. The
+    slots come out of the KV cache's memory budget; the encoder's positions are scheduled like prompt tokens."""
+    num_slots: int
+    source_positions: int          # encoder positions one slot holds (Whisper: 1,500 for 30 s)
+    bytes_per_slot: int
+    encoder_budget_tokens: int     # encoder positions computed in one step (never less than one item)
 
 
 @dataclass(frozen=True)
@@ -348,6 +362,7 @@ class EngineConfig:
     lora_config: Any = None             # lora.config.LoRAConfig when adapters are served
     mm_config: MultiModalConfig | None = None   # vision models: the encoder cache and its budget
     media: MediaOptions = field(default_factory=MediaOptions)   # vision models: what images the front end takes
+    cross_config: CrossAttentionConfig | None = None   # encoder-decoder models: the cross-attention KV slots
 
     def log_summary(self) -> None:
         m, c, s, p = self.model_config, self.cache_config, self.scheduler_config, self.parallel_config
@@ -377,6 +392,11 @@ class EngineConfig:
                         "prompt", mm.encoder_cache_tokens, mm.encoder_cache_tokens // max(mm.max_tokens_per_item, 1),
                         mm.max_tokens_per_item, mm.encoder_budget_tokens,
                         ", ".join(f"{n} {k}s" for k, n in mm.limit_per_prompt.items()))
+        if self.cross_config is not None:
+            x = self.cross_config
+            logger.info("cross-attention KV: %d slots of %d encoder positions = %s (one a running request), up to "
+                        "%d encoder positions a step", x.num_slots, x.source_positions,
+                        format_bytes(x.num_slots * x.bytes_per_slot), x.encoder_budget_tokens)
         if c.cache_dtype != "auto":
             logger.info("KV cache in %s: %d bytes a token instead of %d, so %.1fx the blocks of a %s cache of the "
                         "same memory", c.cache_dtype, c.kv_bytes_per_token(m), m.kv_bytes_per_token(),

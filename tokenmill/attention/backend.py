@@ -27,6 +27,8 @@ class AttentionMetadata:
     # The tokens whose final hidden states the step uses (int64, ascending), or None for all. A model may then
     # return only these rows (the native decoder stack's last layer runs its o-proj and MLP for them alone).
     output_rows: torch.Tensor | None = None
+    # An encoder-decoder model (Whisper): each request's slot in the cross-attention cache group.
+    cross_slots: list[int] | None = None
 
     @property
     def num_reqs(self) -> int:

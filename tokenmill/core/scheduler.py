@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 
-from tokenmill.config import CacheConfig, MultiModalConfig, SchedulerConfig
+from tokenmill.config import CacheConfig, CrossAttentionConfig, MultiModalConfig, SchedulerConfig
+from tokenmill.core.cross_attention import CrossAttentionSlots
 from tokenmill.core.encoder_cache import EncoderCacheManager
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.kv_offload import OffloadIndex
@@ -28,11 +29,16 @@ from tokenmill.engine.request import Request, RequestStatus, check_stop, unsent_
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 mm_config: MultiModalConfig | None = None):
+                 mm_config: MultiModalConfig | None = None, cross_config: CrossAttentionConfig | None = None):
         self.config = scheduler_config
-        # a vision model's encoder stage: a range of a prompt reaches an image only once its embeddings are there
-        self.encoder = (EncoderCacheManager(mm_config.encoder_cache_tokens, mm_config.encoder_budget_tokens)
-                        if mm_config is not None else None)
+        # the encoder stage: a vision model's range of a prompt reaches an image only once its embeddings are
+        # there; an encoder-decoder model's prompt starts once its encoder output has a cross-attention slot
+        self.encoder: EncoderCacheManager | CrossAttentionSlots | None = None
+        if mm_config is not None:
+            self.encoder = EncoderCacheManager(mm_config.encoder_cache_tokens, mm_config.encoder_budget_tokens)
+        elif cross_config is not None:
+            self.encoder = CrossAttentionSlots(cross_config.num_slots, cross_config.encoder_budget_tokens,
+                                               cross_config.source_positions)
         self.block_size = cache_config.block_size
         offload = (OffloadIndex(cache_config.offload_blocks, cache_config.offload_disk_blocks)
                    if cache_config.offload_blocks else None)

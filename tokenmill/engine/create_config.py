@@ -24,7 +24,7 @@ from tokenmill.config import (
 from tokenmill.kv_transfer.config import parse_kv_transfer_config
 from tokenmill.lora.config import LoRAConfig
 from tokenmill.model.model_config import load_model_config
-from tokenmill.multimodal.engine_config import media_options, mm_config_for
+from tokenmill.multimodal.engine_config import cross_config_for, media_options, mm_config_for
 from tokenmill.platform import available_memory_bytes, parse_cpu_list
 from tokenmill.spec_decode.config import check_against_max_model_len, parse_speculative_config
 from tokenmill.spec_decode.draft_config import load_draft_model_config
@@ -48,7 +48,18 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if spec is not None and spec.uses_model:
         draft = load_draft_model_config(spec, model_config, args)
     lora = _checked_lora(args, parallel)
-    cache_config = _size_cache(args, model_config, draft, parallel)
+    budget = _kv_budget(args)
+    cross = cross_config_for(args, model_config, budget, args.max_num_batched_tokens)
+    if cross is not None:
+        if spec is not None or parallel.world_size > 1 or lora is not None:
+            raise ValueError("an encoder-decoder model (Whisper) runs without speculative decoding, LoRA and tensor "
+                             "or pipeline parallel for now")
+        budget = None if budget is None else budget - cross.num_slots * cross.bytes_per_slot
+    cache_config = _size_cache(args, model_config, draft, parallel, budget)
+    if cross is not None and args.num_gpu_blocks_override is None:
+        # no more self-attention KV than the slots' requests can fill (each at most max_model_len tokens)
+        most = cross.num_slots * -(-model_config.max_model_len // cache_config.block_size)
+        cache_config = dataclasses.replace(cache_config, num_blocks=min(cache_config.num_blocks, most))
     max_model_len = _resolve_max_model_len(args, model_config, cache_config)
     if spec is not None:
         check_against_max_model_len(spec, max_model_len)
@@ -84,7 +95,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                        attention_backend=args.attention_backend, cpu_bind=args.cpu_bind,
                        speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
                        kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora,
-                       mm_config=mm, media=media_options(args))
+                       mm_config=mm, media=media_options(args), cross_config=cross)
     cfg.log_summary()
     return cfg
 
@@ -122,8 +133,17 @@ def _checked_kv_transfer(args: EngineArgs, parallel: ParallelConfig, spec):
     return kv_transfer
 
 
+def _kv_budget(args: EngineArgs) -> int | None:
+    """The KV cache's bytes (--kv-cache-memory, or a share of free memory); None when the blocks are given."""
+    if args.num_gpu_blocks_override is not None:
+        return None
+    if args.kv_cache_memory is not None:
+        return parse_bytes(args.kv_cache_memory, "kv_cache_memory")
+    return min(DEFAULT_KV_CEILING, int(available_memory_bytes() * DEFAULT_KV_FRACTION))
+
+
 def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = None,
-                parallel: ParallelConfig | None = None) -> CacheConfig:
+                parallel: ParallelConfig | None = None, budget: int | None = None) -> CacheConfig:
     """Blocks that fit the KV budget; a draft model keeps its own cache of the same blocks, inside the budget.
     Under tensor or pipeline parallel the budget is each rank's, for its own layers and KV heads."""
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
@@ -138,11 +158,7 @@ def _size_cache(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None = No
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:
-        if args.kv_cache_memory is not None:
-            budget = parse_bytes(args.kv_cache_memory, "kv_cache_memory")
-        else:
-            budget = min(DEFAULT_KV_CEILING, int(available_memory_bytes() * DEFAULT_KV_FRACTION))
-        num_blocks = budget // bytes_per_block
+        num_blocks = (budget if budget is not None else _kv_budget(args)) // bytes_per_block
     if num_blocks < 1:
         raise ValueError(f"kv_cache_memory is too small for one block of {bytes_per_block} bytes")
     return CacheConfig(block_size=args.block_size, num_blocks=int(num_blocks),

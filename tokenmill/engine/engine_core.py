@@ -72,7 +72,8 @@ class EngineCore:
         from tokenmill.structured_output.manager import StructuredOutputManager
 
         self.config = config
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.mm_config)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.mm_config,
+                                   config.cross_config)
         if executor is None:
             from tokenmill.executor.factory import make_executor
 
@@ -117,7 +118,8 @@ class EngineCore:
                             sc.max_model_len - 3, (cc.num_blocks - 1) * cc.block_size))
         prompt = warm_up_prompt(self.config.model_config, self.vocab_size, length, calibrate)
         self.add_request(EngineCoreRequest("tokenmill-warmup", prompt, SamplingParams(max_tokens=3, ignore_eos=True,
-                                                                                      temperature=0), time.time()))
+                                                                                      temperature=0), time.time(),
+                                           mm_features=self._warm_up_media()))
         while self.has_unfinished_requests():
             self.step()
         sched = self.scheduler
@@ -127,6 +129,15 @@ class EngineCore:
         sched.peak_token_share = 0.0
         self.profile.reset()
         logger.info("warm-up step done in %.2f s (%d tokens)", time.perf_counter() - t0, len(prompt))
+
+    def _warm_up_media(self):
+        """An encoder-decoder model's warm-up takes its encoder through a window of silence too."""
+        if self.config.cross_config is None:
+            return None
+        from tokenmill.multimodal.audio import silence_feature
+
+        hf = self.config.model_config.hf_config
+        return [silence_feature(hf.num_mel_bins, 2 * hf.max_source_positions)]
 
     def prefault_idle_kv(self) -> bool:
         """Called while no request is waiting or running: write the next ~8 MiB of the KV cache's never-used
@@ -226,6 +237,10 @@ class EngineCore:
 
     def _check_media(self, req: EngineCoreRequest) -> None:
         mm = self.config.mm_config
+        if self.config.cross_config is not None:
+            if len(req.mm_features) != 1 or req.mm_features[0].modality != "audio":
+                raise ValueError("a request to a speech model carries one audio window (multi_modal_data audio)")
+            return
         if mm is None:
             raise ValueError("this model takes no images (it has no vision tower)")
         n = len(req.prompt_token_ids)

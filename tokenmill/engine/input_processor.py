@@ -41,9 +41,20 @@ class InputProcessor:
             images = image_inputs_for(model_config.model, model_config.mm_hf_config, tokenizer,
                                       mm_config.processor_kwargs)
             self.mm = MultiModalProcessor(images, mm_config.limit_per_prompt, self.media)
+        elif getattr(model_config.hf_config, "is_encoder_decoder", False):
+            from tokenmill.multimodal.speech import AudioProcessor
+
+            self.mm = AudioProcessor(model_config, self.media)
 
     def process_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
         """A string, {"prompt": str}, {"prompt_token_ids": [...]} (vLLM's form) or a list of token ids."""
+        processed = self._process_prompt(prompt, getattr(self.mm, "add_special_tokens", add_special_tokens))
+        if getattr(self.mm, "requires_media", False) and not processed.mm_features:
+            raise ValueError(f"model {self.model_config.served_model_name!r} is a speech model: a prompt needs its "
+                             "audio (multi_modal_data {'audio': ...}, or /v1/audio/transcriptions)")
+        return processed
+
+    def _process_prompt(self, prompt: PromptType, add_special_tokens: bool) -> ProcessedPrompt:
         if isinstance(prompt, dict):
             salt = check_cache_salt(prompt.get("cache_salt"))
             mm_data = prompt.get("multi_modal_data")
@@ -51,8 +62,10 @@ class InputProcessor:
                 ids = list(prompt["prompt_token_ids"])
                 processed = self._checked(prompt.get("prompt"), ids) if mm_data is None else \
                     self._with_media(prompt.get("prompt"), ids, mm_data)
+            elif mm_data is not None and not prompt.get("prompt"):   # (a speech model's default prompt)
+                processed = self._with_media(None, [], mm_data)
             elif "prompt" in prompt:
-                processed = self.process_prompt(prompt["prompt"], add_special_tokens)
+                processed = self._process_prompt(prompt["prompt"], add_special_tokens)
                 if mm_data is not None:
                     processed = self._with_media(processed.prompt, processed.prompt_token_ids, mm_data)
             else:
@@ -73,7 +86,8 @@ class InputProcessor:
         return self._checked(prompt, ids)
 
     def _with_media(self, text: str | None, ids: list[int], mm_data) -> ProcessedPrompt:
-        """A prompt with its images: each placeholder expanded to the image's embeddings."""
+        """A prompt with its media: each image placeholder expanded to the image's embeddings, or a speech
+        model's audio window."""
         if self.mm is None:
             raise ValueError(f"multi_modal_data: model {self.model_config.served_model_name!r} takes no images "
                              "(it has no vision tower)")

@@ -59,6 +59,10 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
         # dequantized once, then read from the start cache (in float32 where a quantizer reads them)
         weights = raw if keep else cached_tensors(model_config.model, "weights", torch.float32
                                                   if model_config.quantization else dtype, lambda: raw)
+    elif model_config.format == "ct2":
+        from tokenmill.model.ct2_file import hf_whisper_tensors, iter_ct2_tensors
+
+        weights = hf_whisper_tensors(iter_ct2_tensors(Path(model_config.model) / "model.bin"))
     else:
         weights = iter_safetensors(model_config.model)
     with torch.no_grad():

@@ -23,6 +23,12 @@ def load_hf_config(path: str, fmt: str):
         return gguf_hf_config(path)
     from transformers import AutoConfig
 
+    if fmt == "ct2":
+        from transformers import WhisperConfig
+
+        from tokenmill.model.ct2_file import whisper_config_fields
+
+        return WhisperConfig(**whisper_config_fields(path))
     try:
         return AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as e:
@@ -78,12 +84,19 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         model=source.path, format=source.format, hf_config=hf_config, tokenizer=tokenizer,
         dtype=resolve_dtype(args.dtype, hf_config, device_type()),
         served_model_name=args.served_model_name or source.name,
-        max_model_len=model_max_len(hf_config),
-        num_layers=hf_config.num_hidden_layers, num_kv_heads=hf_config.num_key_value_heads,
-        head_dim=head_dim_of(hf_config), eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
+        max_model_len=model_max_len(hf_config), **_decoder_shape(hf_config),
+        eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
         enforce_eager=args.enforce_eager, num_labels=num_labels_of(hf_config),
         mm_hf_config=full_config if hf_config is not full_config else None)
+
+
+def _decoder_shape(cfg) -> dict:
+    """The layers and heads whose K/V the paged cache holds: an encoder-decoder model's decoder's."""
+    if getattr(cfg, "is_encoder_decoder", False):
+        return dict(num_layers=cfg.decoder_layers, num_kv_heads=cfg.decoder_attention_heads,
+                    head_dim=cfg.d_model // cfg.decoder_attention_heads)
+    return dict(num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim_of(cfg))
 
 
 def text_config_of(hf_config):
@@ -94,4 +107,6 @@ def text_config_of(hf_config):
 
 def model_max_len(hf_config) -> int:
     """The model's own limit; a sliding window does not cap it (those layers attend their last `window` tokens)."""
+    if getattr(hf_config, "is_encoder_decoder", False):   # (Whisper: the decoder's learned positions)
+        return int(hf_config.max_target_positions)
     return int(getattr(hf_config, "max_position_embeddings", 2048))

@@ -17,6 +17,8 @@ _MODELS: dict[str, str] = {
     "LlavaForConditionalGeneration": "tokenmill.model.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "tokenmill.model.qwen2_vl:Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration": "tokenmill.model.qwen2_vl:Qwen2VLForConditionalGeneration",
+    # encoder-decoder: an audio encoder, cross-attention KV as a second cache group (multimodal/audio.py preprocesses)
+    "WhisperForConditionalGeneration": "tokenmill.model.whisper:WhisperForConditionalGeneration",
     # cross-encoders (/v1/score, /v1/rerank): the decoder and a score head at the last token
     "LlamaForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",
     "MistralForSequenceClassification": "tokenmill.model.llama_classifier:LlamaForSequenceClassification",

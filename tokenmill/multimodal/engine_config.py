@@ -3,7 +3,7 @@ limits), each checked with an error naming the flag."""
 
 from __future__ import annotations
 
-from tokenmill.config import EngineArgs, MediaOptions, ModelConfig, MultiModalConfig
+from tokenmill.config import CrossAttentionConfig, EngineArgs, MediaOptions, ModelConfig, MultiModalConfig
 from tokenmill.multimodal.processing import DEFAULT_IMAGE_LIMIT, max_tokens_per_image
 from tokenmill.utils import json_object, parse_bytes
 
@@ -44,6 +44,8 @@ def mm_config_for(args: EngineArgs, model_config: ModelConfig, max_num_batched_t
 def media_options(args: EngineArgs) -> MediaOptions:
     if args.max_image_pixels < 1:
         raise ValueError(f"max_image_pixels must be positive, got {args.max_image_pixels}")
+    if args.max_audio_clip_s <= 0:
+        raise ValueError(f"max_audio_clip_s must be positive, got {args.max_audio_clip_s}")
     if args.media_fetch_timeout <= 0:
         raise ValueError(f"media_fetch_timeout must be positive, got {args.media_fetch_timeout}")
     domains = args.allowed_media_domains
@@ -52,5 +54,25 @@ def media_options(args: EngineArgs) -> MediaOptions:
     return MediaOptions(max_image_pixels=args.max_image_pixels,
                         max_media_bytes=parse_bytes(args.max_media_bytes, "max_media_bytes"),
                         fetch_timeout=float(args.media_fetch_timeout),
+                        max_audio_seconds=float(args.max_audio_clip_s),
                         allowed_local_media_path=args.allowed_local_media_path,
                         allowed_media_domains=tuple(d.lower() for d in domains or ()))
+
+
+def cross_config_for(args: EngineArgs, m: ModelConfig, kv_budget: int | None,
+                     max_num_batched_tokens: int) -> CrossAttentionConfig | None:
+    """An encoder-decoder model's cross-attention slots: as many as max_num_seqs, or fewer where the KV budget
+    cannot also hold each slot's request at max_model_len in the paged cache (None: a decoder-only model)."""
+    cfg = m.hf_config
+    if not getattr(cfg, "is_encoder_decoder", False):
+        return None
+    positions = int(cfg.max_source_positions)
+    itemsize = 4 if m.dtype == "float32" else 2
+    slot = 2 * cfg.decoder_layers * positions * cfg.d_model * itemsize
+    slots = args.max_num_seqs
+    if kv_budget is not None:
+        per_request = slot + m.max_model_len * m.kv_bytes_per_token(args.kv_cache_dtype)
+        slots = min(slots, kv_budget // per_request)
+    if slots < 1:
+        raise ValueError(f"kv_cache_memory is too small for one request's cross-attention KV ({slot} bytes)")
+    return CrossAttentionConfig(int(slots), positions, slot, max(max_num_batched_tokens, positions))

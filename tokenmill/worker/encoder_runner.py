@@ -39,6 +39,17 @@ class EncoderRunner:
                                        "placeholders")
                 self.cache[f.identifier] = emb
 
+    def has_work(self, so: SchedulerOutput) -> bool:
+        return bool(so.scheduled_encoder_inputs or so.free_encoder_ids)
+
+    def prepare_step(self, inp, states: list[CachedRequestState], start: np.ndarray, n: np.ndarray,
+                     query_start: np.ndarray) -> None:
+        """The step's input embeddings where it reaches placeholders, and M-RoPE's rows (Qwen2-VL)."""
+        inp.inputs_embeds = self.inputs_embeds(inp.input_ids, states, start, n, query_start)
+        mrope = getattr(self.model, "mrope", None)
+        if mrope is not None:
+            mrope.remap(inp.positions, states, start, n, query_start, self.model.spatial_merge_size)
+
     def inputs_embeds(self, input_ids: torch.Tensor, states: list[CachedRequestState], start: np.ndarray,
                       n: np.ndarray, query_start: np.ndarray) -> torch.Tensor | None:
         """The step's input embeddings with each reached placeholder row replaced by its image's embedding;

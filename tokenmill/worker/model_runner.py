@@ -25,7 +25,7 @@ from tokenmill.model.loader import DTYPES, load_model
 from tokenmill.profiling import StepProfile
 from tokenmill.spec_decode.rejection_sampler import rejection_sample
 from tokenmill.structured_output.manager import GrammarBitmask
-from tokenmill.utils import init_logger
+from tokenmill.utils import format_bytes, init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.pooling import pool_outputs
 from tokenmill.worker.sampling_inputs import sampling_metadata
@@ -66,7 +66,8 @@ class ModelRunner:
         self.proposer = None
         self.lora_manager = None
         self.kv_offload = None   # the offload tier's store (--kv-offload-bytes)
-        self.encoder = None      # a vision model's encoder stage (worker/encoder_runner.py)
+        self.encoder = None      # the encoder stage: worker/encoder_runner.py (vision), cross_attention_runner.py
+        self.logits_rules = None   # a model's own decoding rules on the logits (Whisper's: worker/whisper_rules.py)
         self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
@@ -87,6 +88,14 @@ class ModelRunner:
             from tokenmill.worker.encoder_runner import EncoderRunner
 
             self.encoder = EncoderRunner(self.model, self.device)
+        if self.config.cross_config is not None:
+            from tokenmill.multimodal.whisper_tokens import whisper_tokens
+            from tokenmill.worker.cross_attention_runner import CrossAttentionRunner
+            from tokenmill.worker.whisper_rules import WhisperLogitsRules
+
+            m = self.config.model_config
+            self.encoder = CrossAttentionRunner(self.model, self.device, self.config.cross_config.num_slots)
+            self.logits_rules = WhisperLogitsRules(whisper_tokens(m.tokenizer, m.hf_config), self.device)
 
     def initialize_kv_cache(self) -> None:
         c = self.config.cache_config
@@ -101,6 +110,8 @@ class ModelRunner:
             layer.calibrate_scales = c.calculate_kv_scales
         if self.proposer is not None:
             self.proposer.initialize_kv_cache(c.num_blocks + 1, c.block_size)
+        if self.config.cross_config is not None:
+            logger.info("allocated cross-attention KV: %s", format_bytes(self.encoder.allocate(self.dtype)))
         if c.offload_blocks:
             from tokenmill.worker.kv_offload_store import KVOffloadStore
 
@@ -165,10 +176,7 @@ class ModelRunner:
         inp = StepInputs(req_ids, input_ids, positions, md,
                          logits_indices, sampling_rows.tolist(), draft_ids, so.grammar_bitmask)
         if self.encoder is not None:
-            inp.inputs_embeds = self.encoder.inputs_embeds(input_ids, states, start, n, qsl)
-            mrope = getattr(self.model, "mrope", None)
-            if mrope is not None:
-                mrope.remap(positions, states, start, n, qsl, self.model.spatial_merge_size)
+            self.encoder.prepare_step(inp, states, start, n, qsl)
         if get_pp().size > 1:
             inp.micro_batches = self._micro_batches(states, start, n, qsl, md)
         elif len(logits_indices) < len(input_ids) - 1 and self._only_logits_rows_used(states):
@@ -219,7 +227,7 @@ class ModelRunner:
             with self.profile.phase("kv_offload"):
                 self.kv_offload.apply(so.kv_offload)
         encoder_seconds = 0.0
-        if self.encoder is not None and (so.scheduled_encoder_inputs or so.free_encoder_ids):
+        if self.encoder is not None and self.encoder.has_work(so):
             t0 = time.perf_counter()
             with self.profile.phase("encoder"):
                 self.encoder.run(so, self.requests)
@@ -296,6 +304,8 @@ class ModelRunner:
         sampled = result.sampled_token_ids
         states = [self.requests[inp.req_ids[r]] for r in inp.sampling_rows]
         logits = self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
+        if self.logits_rules is not None:
+            logits = self.logits_rules.apply(logits, states)
         md = sampling_metadata(states, self.device)
         md.token_bitmask = self._bitmask_rows(inp.grammar_bitmask, [(s.req_id, 0) for s in states])
         out = self.sampler(logits, md)

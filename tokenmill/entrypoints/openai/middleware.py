@@ -30,13 +30,16 @@ class BodyLimitMiddleware:
     """Reads a request body up to --max-request-bytes (413 past it) before the app sees it, then hands the app
     the same body; later receives pass through, so handlers still see their client disconnect."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    UPLOAD_PATHS = ("/v1/audio/",)   # multipart uploads: their own, larger limit
+
+    def __init__(self, app, limit: int, upload_limit: int | None = None):
+        self.app, self.limit, self.upload_limit = app, limit, upload_limit or limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.upload_limit if scope.get("path", "").startswith(self.UPLOAD_PATHS) else self.limit
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -44,9 +47,10 @@ class BodyLimitMiddleware:
                 await self.app(scope, receive, send)
                 return
             size += len(message.get("body", b""))
-            if size > self.limit:
-                await error_response(413, f"the request body is larger than {self.limit} bytes "
-                                          "(--max-request-bytes)")(scope, receive, send)
+            if size > limit:
+                await error_response(413, f"the request body is larger than {limit} bytes "
+                                          f"({'--max-media-bytes' if limit != self.limit else '--max-request-bytes'})"
+                                     )(scope, receive, send)
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)

@@ -23,7 +23,7 @@ from tokenmill.entrypoints.openai.engine_view import RecentActivity
 from tokenmill.entrypoints.openai.errors import add_exception_handlers
 from tokenmill.entrypoints.openai.liveness import Liveness
 from tokenmill.entrypoints.openai.middleware import APIKeyMiddleware, BodyLimitMiddleware
-from tokenmill.entrypoints.openai.routes import admin, embeddings, generate, health, page
+from tokenmill.entrypoints.openai.routes import admin, audio, embeddings, generate, health, page
 from tokenmill.entrypoints.openai.routes.state import ServerParts
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.openai.serving_common import AdmissionLimits, InputLimits, ServingContext
@@ -31,6 +31,7 @@ from tokenmill.entrypoints.openai.serving_completion import OpenAIServingComplet
 from tokenmill.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from tokenmill.entrypoints.openai.serving_models import LoRAModulePath, parse_lora_modules
 from tokenmill.entrypoints.openai.serving_score import OpenAIServingScore
+from tokenmill.entrypoints.openai.serving_transcription import OpenAIServingTranscription
 from tokenmill.metrics import Metrics
 from tokenmill.utils import PROCESS_START, init_logger
 
@@ -48,7 +49,8 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
         lora = ctx.models.add(module.name, module.path, module.base_model_name)
         logger.info("LoRA adapter %s (id %d): %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
     parts = ServerParts(engine, ctx, metrics, liveness or Liveness(), OpenAIServingCompletion(ctx),
-                        OpenAIServingChat(ctx), OpenAIServingEmbedding(ctx), OpenAIServingScore(ctx), recent,
+                        OpenAIServingChat(ctx), OpenAIServingEmbedding(ctx), OpenAIServingScore(ctx),
+                        OpenAIServingTranscription(ctx), recent,
                         allow_runtime_lora_updating)
 
     @asynccontextmanager
@@ -64,9 +66,12 @@ def build_app(engine: AsyncLLM, metrics: Metrics, served_model_name: str, api_ke
     app.state.parts = parts
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(BodyLimitMiddleware, limit=ctx.input_limits.max_request_bytes)
+    # an audio upload may be as large as --max-media-bytes, whatever the JSON routes' --max-request-bytes
+    app.add_middleware(BodyLimitMiddleware, limit=ctx.input_limits.max_request_bytes,
+                       upload_limit=max(ctx.input_limits.max_request_bytes,
+                                        engine.config.media.max_media_bytes + (1 << 20)))
     add_exception_handlers(app)
-    for group in (health, admin, generate, embeddings, page):
+    for group in (health, admin, generate, embeddings, audio, page):
         app.include_router(group.router)
     return app
 

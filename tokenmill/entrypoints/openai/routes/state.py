@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
     from tokenmill.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
     from tokenmill.entrypoints.openai.serving_score import OpenAIServingScore
+    from tokenmill.entrypoints.openai.serving_transcription import OpenAIServingTranscription
     from tokenmill.metrics import Metrics
 
 
@@ -29,6 +30,7 @@ class ServerParts:
     chat: OpenAIServingChat
     embeddings: OpenAIServingEmbedding
     scores: OpenAIServingScore
+    transcriptions: OpenAIServingTranscription
     recent: RecentActivity | None = None
     allow_runtime_lora_updating: bool = False
 
