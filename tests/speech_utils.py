@@ -75,10 +75,11 @@ class WhisperReference:
         self.fe = transformers.WhisperFeatureExtractor.from_pretrained(folder)
 
     def generate(self, samples: np.ndarray, max_new_tokens: int, timestamps: bool = False):
-        """Greedy tokens after the decoder prompt, and the raw logits of each step [N, V]. Without timestamps:
-        WhisperForConditionalGeneration.generate. With them: generate's plain greedy loop under transformers'
-        own Whisper processors (begin and always suppressed tokens, WhisperTimeStampLogitsProcessor), since
-        Whisper's generate re-decodes short audio segment by segment after a timestamp pair."""
+        """Greedy tokens after the decoder prompt, and the raw logits of each step [N, V]: transformers' greedy
+        generate loop under its own Whisper logits processors (the blank and end suppressed first, the config's
+        suppress tokens always, and with timestamps WhisperTimeStampLogitsProcessor). (Whisper's own generate
+        on top of it is not the reference: in transformers 5.25, with max_new_tokens of 20 or more, it starts
+        from other logits than the model's forward gives for the same features and prompt.)"""
         from transformers import GenerationMixin
         from transformers.generation.logits_process import (
             LogitsProcessorList,
@@ -89,19 +90,99 @@ class WhisperReference:
 
         feats = self.fe(samples, sampling_rate=16000, return_tensors="pt").input_features
         gc = self.model.generation_config
+        prompt = [gc.decoder_start_token_id] + ([] if timestamps else [gc.no_timestamps_token_id])
+        procs = [SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, len(prompt)),
+                 SuppressTokensLogitsProcessor(gc.suppress_tokens)]
+        if timestamps:
+            procs.append(WhisperTimeStampLogitsProcessor(gc, begin_index=len(prompt)))
         with torch.no_grad():
-            if not timestamps:
-                out = self.model.generate(feats, do_sample=False, max_new_tokens=max_new_tokens, num_beams=1,
-                                          output_logits=True, return_dict_in_generate=True)
-                prompt = 2
-            else:
-                prompt = 1
-                procs = LogitsProcessorList([SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, prompt),
-                                             SuppressTokensLogitsProcessor(gc.suppress_tokens),
-                                             WhisperTimeStampLogitsProcessor(gc, begin_index=prompt)])
-                out = GenerationMixin.generate(
-                    self.model, input_features=feats, decoder_input_ids=torch.tensor([[gc.decoder_start_token_id]]),
-                    logits_processor=procs, do_sample=False, max_new_tokens=max_new_tokens, num_beams=1,
-                    output_logits=True, return_dict_in_generate=True, suppress_tokens=None,
-                    begin_suppress_tokens=None, forced_decoder_ids=None)
-        return out.sequences[0, prompt:].tolist(), torch.stack(out.logits, dim=1)[0].float()
+            out = GenerationMixin.generate(
+                self.model, input_features=feats, decoder_input_ids=torch.tensor([prompt]),
+                logits_processor=LogitsProcessorList(procs), do_sample=False, max_new_tokens=max_new_tokens,
+                num_beams=1, output_logits=True, return_dict_in_generate=True, suppress_tokens=None,
+                begin_suppress_tokens=None, forced_decoder_ids=None)
+        return out.sequences[0, len(prompt):].tolist(), torch.stack(out.logits, dim=1)[0].float()
+
+
+def write_ct2_whisper(hf_folder: Path, out: Path, int8: bool = False) -> Path:
+    """A CTranslate2 Whisper folder written from a transformers one in CTranslate2's documented layout (format
+    version 6, WhisperSpec, fused q/k/v and k/v, gamma/beta norms, the projection an alias of the embedding),
+    written here independently of tokenmill's reader; int8 stores each 2-D weight with a per-row scale."""
+    import struct
+
+    import transformers
+
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(hf_folder, dtype=torch.float32)
+    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    cfg = model.config
+    tensors: dict[str, torch.Tensor] = {}
+
+    def attn(prefix: str, hf: str, fused: bool):
+        q, k, v, o = (f"{hf}.{p}_proj" for p in "qkvo")
+        o = f"{hf}.out_proj"
+        kb = torch.zeros_like(sd[f"{q}.bias"])
+        if fused:
+            tensors[f"{prefix}/linear_0/weight"] = torch.cat([sd[f"{q}.weight"], sd[f"{k}.weight"], sd[f"{v}.weight"]])
+            tensors[f"{prefix}/linear_0/bias"] = torch.cat([sd[f"{q}.bias"], kb, sd[f"{v}.bias"]])
+            tensors[f"{prefix}/linear_1/weight"], tensors[f"{prefix}/linear_1/bias"] = sd[f"{o}.weight"], sd[f"{o}.bias"]
+        else:
+            tensors[f"{prefix}/linear_0/weight"], tensors[f"{prefix}/linear_0/bias"] = sd[f"{q}.weight"], sd[f"{q}.bias"]
+            tensors[f"{prefix}/linear_1/weight"] = torch.cat([sd[f"{k}.weight"], sd[f"{v}.weight"]])
+            tensors[f"{prefix}/linear_1/bias"] = torch.cat([kb, sd[f"{v}.bias"]])
+            tensors[f"{prefix}/linear_2/weight"], tensors[f"{prefix}/linear_2/bias"] = sd[f"{o}.weight"], sd[f"{o}.bias"]
+
+    def norm(prefix: str, hf: str):
+        tensors[f"{prefix}/gamma"], tensors[f"{prefix}/beta"] = sd[f"{hf}.weight"], sd[f"{hf}.bias"]
+
+    def ffn(prefix: str, hf: str):
+        norm(f"{prefix}/layer_norm", f"{hf}.final_layer_norm")
+        for i, fc in enumerate(("fc1", "fc2")):
+            tensors[f"{prefix}/linear_{i}/weight"], tensors[f"{prefix}/linear_{i}/bias"] = \
+                sd[f"{hf}.{fc}.weight"], sd[f"{hf}.{fc}.bias"]
+
+    for side in ("encoder", "decoder"):
+        n = cfg.encoder_layers if side == "encoder" else cfg.decoder_layers
+        for i in range(n):
+            hf, ct = f"model.{side}.layers.{i}", f"{side}/layer_{i}"
+            norm(f"{ct}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
+            attn(f"{ct}/self_attention", f"{hf}.self_attn", True)
+            if side == "decoder":
+                norm(f"{ct}/attention/layer_norm", f"{hf}.encoder_attn_layer_norm")
+                attn(f"{ct}/attention", f"{hf}.encoder_attn", False)
+            ffn(f"{ct}/ffn", hf)
+        norm(f"{side}/layer_norm", f"model.{side}.layer_norm")
+        tensors[f"{side}/position_encodings/encodings"] = sd[f"model.{side}.embed_positions.weight"]
+    for c in ("conv1", "conv2"):
+        tensors[f"encoder/{c}/weight"], tensors[f"encoder/{c}/bias"] = sd[f"model.encoder.{c}.weight"], \
+            sd[f"model.encoder.{c}.bias"]
+    tensors["decoder/embeddings/weight"] = sd["model.decoder.embed_tokens.weight"]
+    records = []   # (name, shape, dtype code, bytes)
+    for name, t in sorted(tensors.items()):
+        if int8 and name.endswith("weight") and t.dim() == 2 and "embeddings" not in name:
+            scale = 127.0 / t.abs().amax(dim=1).clamp(min=1e-8)
+            q = torch.round(t * scale[:, None]).clamp(-127, 127).to(torch.int8)
+            records.append((name, tuple(t.shape), 1, q.numpy().tobytes()))
+            records.append((name + "_scale", (t.shape[0],), 0, scale.numpy().astype(np.float32).tobytes()))
+        else:
+            records.append((name, tuple(t.shape), 0, t.numpy().astype(np.float32).tobytes()))
+    for name, value in (("encoder/num_heads", cfg.encoder_attention_heads), ("decoder/num_heads",
+                                                                              cfg.decoder_attention_heads)):
+        records.append((name, (), 2, struct.pack("<h", value)))
+    out.mkdir(parents=True, exist_ok=True)
+
+    def string(s: str) -> bytes:
+        b = s.encode() + b"\0"
+        return struct.pack("<H", len(b)) + b
+
+    blob = [struct.pack("<I", 6), string("WhisperSpec"), struct.pack("<I", 3), struct.pack("<I", len(records))]
+    for name, shape, code, data in records:
+        blob += [string(name), bytes([len(shape)]), b"".join(struct.pack("<I", d) for d in shape), bytes([code]),
+                 struct.pack("<I", len(data)), data]
+    blob += [struct.pack("<I", 1), string("decoder/projection/weight"), string("decoder/embeddings/weight")]
+    (out / "model.bin").write_bytes(b"".join(blob))
+    gen = json.loads((hf_folder / "generation_config.json").read_text())
+    (out / "config.json").write_text(json.dumps({"suppress_ids": gen["suppress_tokens"],
+                                                 "suppress_ids_begin": gen["begin_suppress_tokens"],
+                                                 "lang_ids": [], "alignment_heads": []}))
+    shutil.copy(hf_folder / "tokenizer.json", out / "tokenizer.json")
+    return out

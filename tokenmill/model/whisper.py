@@ -86,7 +86,8 @@ class DecoderSelfAttention(nn.Module):
         self.attn = PagedAttention(heads, heads, self.head_dim, backend)
 
     def forward(self, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        q, k, v = (t.reshape(-1, self.heads, self.head_dim) for t in self.qkv_proj.split(self.qkv_proj(x)))
+        q, k, v = (t.reshape(-1, self.heads, self.head_dim).contiguous()
+                   for t in self.qkv_proj.split(self.qkv_proj(x)))
         return self.out_proj(self.attn(q, k, v, md).reshape(x.shape[0], -1))
 
 
