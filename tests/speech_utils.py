@@ -118,18 +118,22 @@ def write_ct2_whisper(hf_folder: Path, out: Path, int8: bool = False) -> Path:
     tensors: dict[str, torch.Tensor] = {}
 
     def attn(prefix: str, hf: str, fused: bool):
-        q, k, v, o = (f"{hf}.{p}_proj" for p in "qkvo")
+        q, k, v = (f"{hf}.{p}_proj" for p in "qkv")
         o = f"{hf}.out_proj"
         kb = torch.zeros_like(sd[f"{q}.bias"])
         if fused:
-            tensors[f"{prefix}/linear_0/weight"] = torch.cat([sd[f"{q}.weight"], sd[f"{k}.weight"], sd[f"{v}.weight"]])
+            tensors[f"{prefix}/linear_0/weight"] = torch.cat([sd[f"{q}.weight"], sd[f"{k}.weight"],
+                                                              sd[f"{v}.weight"]])
             tensors[f"{prefix}/linear_0/bias"] = torch.cat([sd[f"{q}.bias"], kb, sd[f"{v}.bias"]])
-            tensors[f"{prefix}/linear_1/weight"], tensors[f"{prefix}/linear_1/bias"] = sd[f"{o}.weight"], sd[f"{o}.bias"]
+            tensors[f"{prefix}/linear_1/weight"] = sd[f"{o}.weight"]
+            tensors[f"{prefix}/linear_1/bias"] = sd[f"{o}.bias"]
         else:
-            tensors[f"{prefix}/linear_0/weight"], tensors[f"{prefix}/linear_0/bias"] = sd[f"{q}.weight"], sd[f"{q}.bias"]
+            tensors[f"{prefix}/linear_0/weight"] = sd[f"{q}.weight"]
+            tensors[f"{prefix}/linear_0/bias"] = sd[f"{q}.bias"]
             tensors[f"{prefix}/linear_1/weight"] = torch.cat([sd[f"{k}.weight"], sd[f"{v}.weight"]])
             tensors[f"{prefix}/linear_1/bias"] = torch.cat([kb, sd[f"{v}.bias"]])
-            tensors[f"{prefix}/linear_2/weight"], tensors[f"{prefix}/linear_2/bias"] = sd[f"{o}.weight"], sd[f"{o}.bias"]
+            tensors[f"{prefix}/linear_2/weight"] = sd[f"{o}.weight"]
+            tensors[f"{prefix}/linear_2/bias"] = sd[f"{o}.bias"]
 
     def norm(prefix: str, hf: str):
         tensors[f"{prefix}/gamma"], tensors[f"{prefix}/beta"] = sd[f"{hf}.weight"], sd[f"{hf}.bias"]

@@ -134,3 +134,11 @@ def test_image_to_a_text_model_is_a_400(guarded_server):
     assert r.status_code == 400
     assert "takes no images" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "messages[0].content[0]"
+
+
+def test_audio_to_a_model_without_a_speech_encoder_is_a_400(server):
+    r = requests.post(server.url + "/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF....WAVE")},
+                      timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "model" and "not a speech model" in err["message"]

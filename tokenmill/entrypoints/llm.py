@@ -25,6 +25,7 @@ from tokenmill.entrypoints.scoring import (
 from tokenmill.lora.request import LoRARequest, check_lora_request
 from tokenmill.model.tokenizer import load_tokenizer
 from tokenmill.multimodal.chat_parts import load_images, template_messages
+from tokenmill.multimodal.transcription import Transcript
 from tokenmill.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec_decode.metrics import SpecDecodingTotals
@@ -151,6 +152,37 @@ class LLM:
             processed.append(ip.process_prompt(prompt, add_special_tokens=False))
         _set_loras(processed, lora_request)
         return self._run(processed, _params_per_prompt(sampling_params, len(processed)), None, use_tqdm)
+
+    def transcribe(self, audio, language: str | None = None, task: str = "transcribe", prompt: str | None = None,
+                   temperature: float = 0.0, timestamps: bool = True, use_tqdm: bool = False) -> Transcript:
+        """A speech model's transcript of a clip of any length ((samples, sample_rate), samples at 16 kHz, or a
+        file's bytes or path): its windows of at most 30 s run as one batch and are joined, with segment times
+        (timestamps=True) as /v1/audio/transcriptions gives them in verbose_json."""
+        from pathlib import Path
+
+        from tokenmill.engine.input_processor import ProcessedPrompt
+        from tokenmill.multimodal.audio import SAMPLE_RATE, check_duration, checked_audio, decode_audio
+        from tokenmill.multimodal.speech import AudioProcessor
+        from tokenmill.multimodal.transcription import TranscriptionOptions, join, window_segments
+
+        speech = self.input_processor.mm
+        if not isinstance(speech, AudioProcessor):
+            raise ValueError("transcribe: the model is not a speech model (it takes no audio)")
+        if isinstance(audio, (str, Path, bytes)):
+            samples = decode_audio(audio if isinstance(audio, bytes) else Path(audio).read_bytes(), "audio")
+            check_duration(samples, speech.max_seconds, "audio")
+        else:
+            samples = checked_audio(audio, speech.max_seconds, "audio")
+        opts = TranscriptionOptions(task, language, prompt, temperature, "verbose_json" if timestamps else "json")
+        opts.check()
+        windows = speech.windows(samples, opts, self.tokenizer)
+        room = self.config.scheduler_config.max_model_len - max(len(ids) for _, ids, _ in windows)
+        params = SamplingParams(temperature=temperature, max_tokens=max(1, room))
+        outs = self._run([ProcessedPrompt(None, ids, mm_features=[f]) for _, ids, f in windows],
+                         [params] * len(windows), None, use_tqdm)
+        segments = [window_segments(o.outputs[0].token_ids, w, speech.tokens, self.tokenizer.decode)
+                    for o, (w, _, _) in zip(outs, windows)]
+        return join(segments, len(samples) / SAMPLE_RATE, opts, speech.tokens)
 
     def _run(self, processed, params, priority, use_tqdm: bool) -> list[RequestOutput]:
         ids = []

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from tokenmill.config import MediaOptions, ModelConfig
-from tokenmill.multimodal.audio import SAMPLE_RATE, WINDOW_SECONDS, checked_audio, log_mel
+from tokenmill.multimodal.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioWindow, checked_audio, log_mel
 from tokenmill.multimodal.inputs import MultiModalFeature, TensorData, content_hash
 from tokenmill.multimodal.processing import MultiModalPrompt
+from tokenmill.multimodal.transcription import TranscriptionOptions, window_prompts
 from tokenmill.multimodal.whisper_tokens import whisper_tokens
 
 
@@ -52,3 +53,9 @@ class AudioProcessor:
                              "audio into windows)")
         ids = list(token_ids) or self.tokens.prompt()
         return MultiModalPrompt(ids, [audio_feature(samples, self.n_mels)])
+
+    def windows(self, samples, opts: TranscriptionOptions,
+                tokenizer) -> list[tuple[AudioWindow, list[int], MultiModalFeature]]:
+        """A whole clip as its windows, each with its decoder prompt and its audio feature (one request each)."""
+        return [(w, ids, audio_feature(samples[w.start:w.end], self.n_mels))
+                for w, ids in window_prompts(samples, self.tokens, tokenizer, opts)]

@@ -24,14 +24,8 @@ from tokenmill.entrypoints.openai.serving_common import (
     until_disconnected,
 )
 from tokenmill.multimodal.audio import SAMPLE_RATE, check_duration, decode_audio
-from tokenmill.multimodal.speech import AudioProcessor, audio_feature
-from tokenmill.multimodal.transcription import (
-    TranscriptionOptions,
-    join,
-    render,
-    window_prompts,
-    window_segments,
-)
+from tokenmill.multimodal.speech import AudioProcessor
+from tokenmill.multimodal.transcription import TranscriptionOptions, join, render, window_segments
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 _FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
@@ -65,10 +59,8 @@ class OpenAIServingTranscription:
         try:
             samples = await asyncio.to_thread(decode_audio, data, "file")
             check_duration(samples, audio.max_seconds, "file")
-            windows = window_prompts(samples, audio.tokens, self.ctx.engine.tokenizer, opts)
-            prompts = await asyncio.to_thread(lambda: [
-                ProcessedPrompt(None, ids, mm_features=[audio_feature(samples[w.start:w.end], audio.n_mels)])
-                for w, ids in windows])
+            windows = await asyncio.to_thread(audio.windows, samples, opts, self.ctx.engine.tokenizer)
+            prompts = [ProcessedPrompt(None, ids, mm_features=[f]) for _, ids, f in windows]
         except ValueError as e:
             raise APIError(400, str(e), "file" if str(e).startswith("file") else None) from e
         room = self.ctx.max_model_len - max(len(p.prompt_token_ids) for p in prompts)
@@ -82,7 +74,7 @@ class OpenAIServingTranscription:
         finals = await until_disconnected(raw, self._collect(streams))
         decode = self.ctx.engine.tokenizer.decode
         segments = [window_segments(finals[i].outputs[0].token_ids, w, audio.tokens, decode)
-                    for i, (w, _) in enumerate(windows)]
+                    for i, (w, _, _) in enumerate(windows)]
         body = render(join(segments, duration, opts, audio.tokens), opts.response_format)
         if isinstance(body, dict):
             return JSONResponse(body)
