@@ -123,6 +123,8 @@ def test_broken_uploads_are_400s_and_the_engine_keeps_serving(server, clips):
         assert err["message"] and err["type"] == "invalid_request_error"
         if param is not None:
             assert err["param"] == param, err
-    r = requests.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=30)
-    assert r.status_code == 400 and "speech model" in r.json()["error"]["message"]
+    for route, body in (("/v1/completions", {"prompt": "hello", "max_tokens": 4}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]})):
+        r = requests.post(server.url + route, json=body, timeout=30)
+        assert r.status_code == 400 and "speech model" in r.json()["error"]["message"], r.text
     assert word_error_rate(SHORT, post(server, clips["short"]).json()["text"]) <= 0.25

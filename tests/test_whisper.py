@@ -95,6 +95,30 @@ def test_preempted_requests_resume_with_their_encoder_output(tiny, reference):
         assert_tokens_match(toks, ref, logits)
 
 
+def test_128_mel_bins_equal_transformers(tmp_path):
+    """Whisper large-v3's front end: 128 mel bins into the encoder's first convolution."""
+    folder = build_tiny_whisper(tmp_path / "m128", seed=7, n_mels=128)
+    ours = generate(LLM(str(folder), dtype="float32", max_num_seqs=2), CLIPS[:1], 16)[0]
+    ref, logits = WhisperReference(folder).generate(CLIPS[0], 16)
+    assert_tokens_match(ours, ref, logits)
+
+
+def test_decoder_prompts_of_multilingual_and_english_only_models(llm):
+    from dataclasses import replace
+
+    en = whisper_tokens(llm.config.model_config.tokenizer, llm.config.model_config.hf_config)
+    assert en.prompt() == [50257, 50362] and en.prompt(timestamps=True) == [50257]
+    assert en.prompt(previous=[7, 8]) == [50360, 7, 8, 50257, 50362]
+    for bad in ({"language": "de"}, {"task": "translate"}, {"task": "summarize"}):
+        with pytest.raises(ValueError, match="language|translate|task"):
+            en.prompt(**bad)
+    multi = replace(en, multilingual=True)   # (the multilingual layout: language, then task)
+    assert multi.prompt("de", "translate") == [50257, en.languages["de"], en.translate, 50362]
+    assert multi.prompt() == [50257, en.languages["en"], en.transcribe, 50362]
+    with pytest.raises(ValueError, match="language"):
+        multi.prompt("klingon")
+
+
 def test_ctranslate2_folder_equals_transformers(tiny, reference, tmp_path):
     """The same weights written as a CTranslate2 folder (fused projections, gamma/beta, an aliased head)."""
     ct2 = LLM(str(write_ct2_whisper(tiny, tmp_path / "ct2")), dtype="float32", max_num_seqs=2)

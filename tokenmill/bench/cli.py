@@ -67,3 +67,11 @@ def add_bench_parser(sub) -> None:
     sv = bsub.add_parser("serve", help="Load-test any OpenAI-compatible server with streaming requests.")
     add_serve_bench_args(sv)
     sv.set_defaults(func=run_serve_bench)
+
+    from tokenmill.bench.transcribe import add_transcribe_bench_args, run_transcribe_bench
+
+    tr = bsub.add_parser("transcribe", help="Speech: espeak-ng clips through /v1/audio/transcriptions, word error "
+                                            "rate against the texts and faster-whisper, wall time of concurrent "
+                                            "uploads against faster-whisper one clip after another.")
+    add_transcribe_bench_args(tr)
+    tr.set_defaults(func=run_transcribe_bench)

@@ -110,6 +110,10 @@ class ServingContext:
         if self.engine.config.model_config.num_labels:
             raise APIError(400, "this model is a cross-encoder (*ForSequenceClassification): it scores pairs "
                                 "(/v1/score, /v1/rerank) and does not generate", "model")
+        if getattr(self.engine.config.model_config.hf_config, "is_encoder_decoder", False):
+            raise APIError(400, f"model {self.served_model_name!r} is a speech model: it transcribes audio "
+                                "(/v1/audio/transcriptions, /v1/audio/translations) and takes no text prompts",
+                           "model")
         try:
             self.input_limits.check(req)
         except ValueError as e:
