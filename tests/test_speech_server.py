@@ -128,3 +128,14 @@ def test_broken_uploads_are_400s_and_the_engine_keeps_serving(server, clips):
         r = requests.post(server.url + route, json=body, timeout=30)
         assert r.status_code == 400 and "speech model" in r.json()["error"]["message"], r.text
     assert word_error_rate(SHORT, post(server, clips["short"]).json()["text"]) <= 0.25
+
+
+def test_the_router_forwards_uploads(server, clips):
+    router = ServerProcess("--backend", server.url, command="router")
+    try:
+        r = requests.post(router.url + "/v1/audio/transcriptions", files={"file": ("c.wav", clips["short"])},
+                          data={"response_format": "json"}, timeout=120)
+        assert r.status_code == 200 and r.headers["X-Routed-To"] == server.url
+        assert r.json()["text"] == post(server, clips["short"]).json()["text"]
+    finally:
+        router.stop()

@@ -35,6 +35,16 @@ async def chat_completions(raw: Request):
     return await _proxy(raw).forward(raw, "/v1/chat/completions", chat=True)
 
 
+@openai_routes.post("/v1/audio/transcriptions")
+async def transcriptions(raw: Request):
+    return await _proxy(raw).forward(raw, "/v1/audio/transcriptions", chat=False)   # (multipart, as it came)
+
+
+@openai_routes.post("/v1/audio/translations")
+async def translations(raw: Request):
+    return await _proxy(raw).forward(raw, "/v1/audio/translations", chat=False)
+
+
 @openai_routes.get("/v1/models")
 async def models(raw: Request):
     """The models of all replicas in rotation merged (the base model, and each LoRA adapter any replica serves);
