@@ -154,7 +154,7 @@ def test_bad_audio_input_is_a_value_error_naming_the_field(llm):
     cases = [({"audio": (np.zeros(0, np.float32), SAMPLE_RATE)}, "non-empty"),
              ({"audio": (tone(31.0), SAMPLE_RATE)}, "at most 30 s"),
              ({"audio": (np.full(100, np.nan, np.float32), SAMPLE_RATE)}, "NaN"),
-             ({"image": object()}, "audio only"),
+             ({"image": object()}, "audio input only"),
              ({"audio": [CLIPS[0], CLIPS[1]]}, "exactly one")]
     for data, words in cases:
         with pytest.raises(ValueError, match=words):

@@ -15,6 +15,7 @@ from tokenmill.config import (
     DEFAULT_KV_FRACTION,
     KV_CACHE_DTYPES,
     CacheConfig,
+    CrossAttentionConfig,
     EngineArgs,
     EngineConfig,
     ModelConfig,
@@ -48,18 +49,11 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if spec is not None and spec.uses_model:
         draft = load_draft_model_config(spec, model_config, args)
     lora = _checked_lora(args, parallel)
-    budget = _kv_budget(args)
-    cross = cross_config_for(args, model_config, budget, args.max_num_batched_tokens)
-    if cross is not None:
-        if spec is not None or parallel.world_size > 1 or lora is not None:
-            raise ValueError("an encoder-decoder model (Whisper) runs without speculative decoding, LoRA and tensor "
-                             "or pipeline parallel for now")
-        budget = None if budget is None else budget - cross.num_slots * cross.bytes_per_slot
-    cache_config = _size_cache(args, model_config, draft, parallel, budget)
-    if cross is not None and args.num_gpu_blocks_override is None:
-        # no more self-attention KV than the slots' requests can fill (each at most max_model_len tokens)
-        most = cross.num_slots * -(-model_config.max_model_len // cache_config.block_size)
-        cache_config = dataclasses.replace(cache_config, num_blocks=min(cache_config.num_blocks, most))
+    if getattr(model_config.hf_config, "is_encoder_decoder", False) and (spec is not None or lora is not None or
+                                                                         parallel.world_size > 1):
+        raise ValueError("an encoder-decoder model (Whisper) runs without speculative decoding, LoRA and tensor or "
+                         "pipeline parallel for now")
+    cache_config, cross = _size_caches(args, model_config, draft, parallel)
     max_model_len = _resolve_max_model_len(args, model_config, cache_config)
     if spec is not None:
         check_against_max_model_len(spec, max_model_len)
@@ -131,6 +125,21 @@ def _checked_kv_transfer(args: EngineArgs, parallel: ParallelConfig, spec):
     if not args.enable_prefix_caching:
         raise ValueError("kv_transfer_config needs prefix caching: transferred blocks are found as a cached prefix")
     return kv_transfer
+
+
+def _size_caches(args: EngineArgs, m: ModelConfig, draft: ModelConfig | None,
+                 parallel: ParallelConfig) -> tuple[CacheConfig, CrossAttentionConfig | None]:
+    """The paged KV cache and, for an encoder-decoder model, its cross-attention slots, which come out of the
+    same budget first; the paged cache then holds no more than the slots' requests can fill."""
+    budget = _kv_budget(args)
+    cross = cross_config_for(args, m, budget, args.max_num_batched_tokens)
+    if cross is not None and budget is not None:
+        budget -= cross.num_slots * cross.bytes_per_slot
+    cache_config = _size_cache(args, m, draft, parallel, budget)
+    if cross is not None and args.num_gpu_blocks_override is None:
+        most = cross.num_slots * -(-m.max_model_len // cache_config.block_size)
+        cache_config = dataclasses.replace(cache_config, num_blocks=min(cache_config.num_blocks, most))
+    return cache_config, cross
 
 
 def _kv_budget(args: EngineArgs) -> int | None:

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill.layers.encoder_attention import EncoderSelfAttention
+
 _ACTS = {"quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "gelu": F.gelu,
          "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
 
@@ -16,22 +18,6 @@ def activation(name: str):
     if name not in _ACTS:
         raise ValueError(f"unsupported activation {name!r} in the vision config")
     return _ACTS[name]
-
-
-class CLIPAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(hidden, hidden) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-
-        def split(t):
-            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)))
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
 
 
 class CLIPMLP(nn.Module):
@@ -47,7 +33,7 @@ class CLIPEncoderLayer(nn.Module):
     def __init__(self, vc):
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(vc.hidden_size, eps=vc.layer_norm_eps)
-        self.self_attn = CLIPAttention(vc.hidden_size, vc.num_attention_heads)
+        self.self_attn = EncoderSelfAttention(vc.hidden_size, vc.num_attention_heads)
         self.layer_norm2 = nn.LayerNorm(vc.hidden_size, eps=vc.layer_norm_eps)
         self.mlp = CLIPMLP(vc.hidden_size, vc.intermediate_size, vc.hidden_act)
 

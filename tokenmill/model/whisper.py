@@ -19,27 +19,9 @@ from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend, AttentionMetadata
 from tokenmill.layers.attention import PagedAttention
+from tokenmill.layers.encoder_attention import EncoderSelfAttention
 from tokenmill.layers.linear import Embedding, Linear, MergedLinear
 from tokenmill.layers.quant import UnquantizedMethod
-
-
-class EncoderAttention(nn.Module):
-    """Full attention over the encoder positions; Whisper's key projection has no bias."""
-
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d, bias=False)
-        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-
-        def split(t):
-            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)))
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -47,7 +29,7 @@ class WhisperEncoderLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.self_attn = EncoderAttention(d, cfg.encoder_attention_heads)
+        self.self_attn = EncoderSelfAttention(d, cfg.encoder_attention_heads, key_bias=False)
         self.fc1, self.fc2 = nn.Linear(d, cfg.encoder_ffn_dim), nn.Linear(cfg.encoder_ffn_dim, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

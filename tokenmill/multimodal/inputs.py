@@ -53,3 +53,14 @@ def content_hash(modality: str, data: dict[str, np.ndarray]) -> str:
 def mm_spans(features: list[MultiModalFeature] | None) -> list[tuple[int, int, bytes]]:
     """(first, end, hash) of each item's placeholder positions: the extra keys of the blocks they fall in."""
     return [(f.offset, f.end, bytes.fromhex(f.identifier)) for f in features or ()]
+
+
+def media_items(mm_data, modality: str, example: str):
+    """multi_modal_data's entry for the one modality a model takes (None if absent); a ValueError for
+    anything else."""
+    if not isinstance(mm_data, dict):
+        raise ValueError(f"multi_modal_data must be a dict like {{'{modality}': {example}}}")
+    unknown = sorted(set(mm_data) - {modality})
+    if unknown:
+        raise ValueError(f"multi_modal_data: this model takes {modality} input only, not {', '.join(unknown)}")
+    return mm_data.get(modality)

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokenmill.multimodal.inputs import MultiModalFeature, TensorData, content_hash
+from tokenmill.multimodal.inputs import MultiModalFeature, TensorData, content_hash, media_items
 from tokenmill.multimodal.media_io import MediaOptions, checked_image
 
 DEFAULT_IMAGE_LIMIT = 8   # images per prompt unless --limit-mm-per-prompt says otherwise
@@ -120,12 +120,7 @@ class MultiModalProcessor:
         self.images, self.limits, self.media = images, limits, media
 
     def apply(self, token_ids: list[int], mm_data: dict[str, Any]) -> MultiModalPrompt:
-        if not isinstance(mm_data, dict):
-            raise ValueError("multi_modal_data must be a dict like {'image': <PIL image or list>}")
-        unknown = sorted(set(mm_data) - {"image"})
-        if unknown:
-            raise ValueError(f"multi_modal_data: this model takes images only, not {', '.join(unknown)}")
-        raw = mm_data.get("image")
+        raw = media_items(mm_data, "image", "<PIL image or list>")
         items = [] if raw is None else list(raw) if isinstance(raw, (list, tuple)) else [raw]
         limit = self.limits.get("image", DEFAULT_IMAGE_LIMIT)
         if len(items) > limit:

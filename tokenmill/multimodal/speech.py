@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenmill.config import MediaOptions, ModelConfig
 from tokenmill.multimodal.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioWindow, checked_audio, log_mel
-from tokenmill.multimodal.inputs import MultiModalFeature, TensorData, content_hash
+from tokenmill.multimodal.inputs import MultiModalFeature, TensorData, content_hash, media_items
 from tokenmill.multimodal.processing import MultiModalPrompt
 from tokenmill.multimodal.transcription import TranscriptionOptions, window_prompts
 from tokenmill.multimodal.whisper_tokens import whisper_tokens
@@ -37,12 +37,7 @@ class AudioProcessor:
         self.tokens = whisper_tokens(model_config.tokenizer, model_config.hf_config)
 
     def apply(self, token_ids: list[int], mm_data: dict[str, Any]) -> MultiModalPrompt:
-        if not isinstance(mm_data, dict):
-            raise ValueError("multi_modal_data must be a dict like {'audio': (samples, sample_rate)}")
-        unknown = sorted(set(mm_data) - {"audio"})
-        if unknown:
-            raise ValueError(f"multi_modal_data: this model takes audio only, not {', '.join(unknown)}")
-        raw = mm_data.get("audio")
+        raw = media_items(mm_data, "audio", "(samples, sample_rate)")
         items = [raw] if isinstance(raw, tuple) or not isinstance(raw, list) else raw
         if raw is None or len(items) != 1:
             raise ValueError("multi_modal_data: a speech model's prompt takes exactly one audio item")
