@@ -187,3 +187,20 @@ def word_error_rate(truth: str, said: str) -> float:
     from tokenmill.bench.transcribe import word_error_rate as wer
 
     return wer(truth, said)
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC", "OGG", "MP3"])
+def test_uploads_decode_and_resample_to_16khz(fmt):
+    """wav, flac, ogg and mp3 at 44.1 kHz stereo come back as 16 kHz mono with the same sound."""
+    import io
+
+    import soundfile as sf
+
+    t = np.arange(44100 * 2) / 44100
+    stereo = np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 440 * t)], axis=1).astype(np.float32) * 0.5
+    buf = io.BytesIO()
+    sf.write(buf, stereo, 44100, format=fmt)
+    samples = decode_audio(buf.getvalue())
+    assert abs(len(samples) - 2 * SAMPLE_RATE) < 0.05 * SAMPLE_RATE   # (mp3 adds a frame of padding)
+    spectrum = np.abs(np.fft.rfft(samples[: SAMPLE_RATE]))
+    assert abs(int(np.argmax(spectrum)) - 440) <= 2   # the tone is still at 440 Hz
