@@ -127,7 +127,7 @@ def test_refused_inputs(llava_dir, smol_llm):
         "over the limit of 2": {"prompt": "USER: <image><image><image>", "multi_modal_data": {"image": [im] * 3}},
         "--max-image-pixels": {"prompt": QUESTION, "multi_modal_data": {"image": random_image(120, 100, 2)}},
         "must be a PIL image": {"prompt": QUESTION, "multi_modal_data": {"image": b"\x89PNG"}},
-        "images only": {"prompt": QUESTION, "multi_modal_data": {"audio": im}},
+        "image input only": {"prompt": QUESTION, "multi_modal_data": {"audio": im}},
     }
     for words, prompt in bad.items():
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
