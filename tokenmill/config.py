@@ -21,6 +21,8 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 # --quantization and --quantization-group-size (layers/quant/methods.py implements them)
 QUANTIZATION_METHODS = ("int8", "int4", "gguf")
+# checkpoints quantized by other tools, named by their quantization_config's quant_method (model/prequantized.py)
+PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 GROUP_SIZES = (32, 64, 128)
 # Fraction of free memory the KV cache may take when --kv-cache-memory is not given, and its ceiling.
 DEFAULT_KV_FRACTION = 0.25
@@ -29,10 +31,11 @@ DEFAULT_KV_CEILING = 4 << 30
 
 def check_quantization(name: str | None, group_size: int = 32, model_format: str = "hf") -> None:
     """`--quantization` and its group size, checked at start (layers/quant/methods.py implements them)."""
-    if name in (None, "none"):
+    if name in (None, "none") or name in PREQUANTIZED_METHODS:   # (the checkpoint's own: checked against it)
         return
     if name not in QUANTIZATION_METHODS:
-        raise ValueError(f"--quantization {name!r} is not supported; choose one of {', '.join(QUANTIZATION_METHODS)}")
+        raise ValueError(f"--quantization {name!r} is not supported; choose one of "
+                         f"{', '.join(QUANTIZATION_METHODS + PREQUANTIZED_METHODS)}")
     if name == "int4" and group_size not in GROUP_SIZES:
         raise ValueError(f"quantization_group_size must be one of {', '.join(map(str, GROUP_SIZES))}; "
                          f"got {group_size}")
@@ -61,9 +64,11 @@ class EngineArgs:
                       choices=["auto", "float32", "bfloat16", "float16"])
     quantization: str | None = _arg(None, "Weight quantization: int8 (per output channel), int4 (groups of "
                                           "--quantization-group-size, a scale and a minimum each), or gguf (a "
-                                          ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are). Default: none "
-                                          "(weights in --dtype; a .gguf file is dequantized).",
-                                    choices=list(QUANTIZATION_METHODS))
+                                          ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are). A checkpoint "
+                                          "quantized by another tool (gptq, awq, compressed-tensors, fp8) is read "
+                                          "as its config.json says, without the flag. Default: none (weights in "
+                                          "--dtype; a .gguf file is dequantized).",
+                                    choices=list(QUANTIZATION_METHODS + PREQUANTIZED_METHODS))
     quantization_group_size: int = _arg(32, "Inputs per int4 group (32, 64 or 128; it must divide every layer's "
                                             "input size).", choices=list(GROUP_SIZES))
     kv_cache_dtype: str = _arg("auto", "KV-cache dtype: auto (the model dtype), fp8 (= fp8_e4m3, as in vLLM), "

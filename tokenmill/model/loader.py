@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tokenmill.config import PREQUANTIZED_METHODS
 from tokenmill.model.model_config import DTYPE_NAMES
 from tokenmill.utils import format_bytes, init_logger
 
@@ -65,6 +66,11 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
         weights = hf_whisper_tensors(iter_ct2_tensors(Path(model_config.model) / "model.bin"))
     else:
         weights = iter_safetensors(model_config.model)
+    if model_config.quantization in PREQUANTIZED_METHODS:
+        from tokenmill.model.model_config import checkpoint_quantization
+        from tokenmill.model.prequantized import prequantized_weights
+
+        weights = prequantized_weights(weights, checkpoint_quantization(hf_config), dtype)
     with torch.no_grad():
         model.load_weights(weights)
         model.process_weights_after_loading()

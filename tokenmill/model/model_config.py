@@ -77,6 +77,7 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
     model_class_name(full_config)  # unknown architectures fail here, before anything heavy
     hf_config = text_config_of(full_config)
     check_quantization(args.quantization, args.quantization_group_size, source.format)  # bad flags fail here too
+    quantization = _quantization(args.quantization, full_config)
     tokenizer = args.tokenizer or source.path
     if args.tokenizer and not os.path.exists(args.tokenizer):
         raise ValueError(f"tokenizer path {args.tokenizer!r} does not exist")
@@ -86,9 +87,39 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         served_model_name=args.served_model_name or source.name,
         max_model_len=model_max_len(hf_config), **_decoder_shape(hf_config),
         eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),
-        quantization=args.quantization, quantization_group_size=args.quantization_group_size,
+        quantization=quantization, quantization_group_size=args.quantization_group_size,
         enforce_eager=args.enforce_eager, num_labels=num_labels_of(hf_config),
         mm_hf_config=full_config if hf_config is not full_config else None)
+
+
+def checkpoint_quantization(hf_config) -> dict | None:
+    """The checkpoint's own quantization_config (a dict with its quant_method), or None."""
+    from tokenmill.config import PREQUANTIZED_METHODS
+
+    q = getattr(hf_config, "quantization_config", None)
+    if q is None:
+        return None
+    q = q if isinstance(q, dict) else q.to_dict()
+    if q.get("quant_method") not in PREQUANTIZED_METHODS:
+        raise ValueError(f"the checkpoint is quantized with {q.get('quant_method')!r}; tokenmill reads "
+                         f"{', '.join(PREQUANTIZED_METHODS)} checkpoints")
+    return q
+
+
+def _quantization(requested: str | None, hf_config) -> str | None:
+    """--quantization, or the checkpoint's own method (the two must agree when both are given)."""
+    from tokenmill.config import PREQUANTIZED_METHODS
+
+    own = checkpoint_quantization(hf_config)
+    if own is None:
+        if requested in PREQUANTIZED_METHODS:
+            raise ValueError(f"--quantization {requested} needs a checkpoint quantized that way (its config.json "
+                             "has no quantization_config)")
+        return requested
+    if requested not in (None, "none", own["quant_method"]):
+        raise ValueError(f"--quantization {requested}: the checkpoint is already quantized with "
+                         f"{own['quant_method']}; leave the flag out")
+    return own["quant_method"]
 
 
 def _decoder_shape(cfg) -> dict:

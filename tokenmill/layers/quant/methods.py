@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tokenmill.config import check_quantization
+from tokenmill.config import PREQUANTIZED_METHODS, check_quantization
 from tokenmill.layers.packed_weight import PackedWeight, onednn_packing_helps
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
@@ -95,6 +95,15 @@ class GGUFMethod(UnquantizedMethod):
         return self
 
 
+class PrequantizedMethod(GGUFMethod):
+    """A checkpoint quantized by another tool (GPTQ, AWQ, compressed-tensors; model/prequantized.py turns its
+    tensors into QuantizedWeights): those run on the int8 / int4 kernels value for value; the layers it keeps in
+    floats (the lm head, as a rule) stay unquantized."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
 def get_quant_method(name: str | None, group_size: int = 32, model_format: str = "hf") -> UnquantizedMethod:
     """The method for `--quantization`; unknown names and formats it cannot read fail here, naming the flag."""
     check_quantization(name, group_size, model_format)
@@ -104,4 +113,6 @@ def get_quant_method(name: str | None, group_size: int = 32, model_format: str =
         return Int4Method(group_size)
     if name == "gguf":
         return GGUFMethod()
+    if name in PREQUANTIZED_METHODS:
+        return PrequantizedMethod(name)
     return UnquantizedMethod()
