@@ -130,6 +130,7 @@ def test_broken_uploads_are_400s_and_the_engine_keeps_serving(server, clips):
     assert word_error_rate(SHORT, post(server, clips["short"]).json()["text"]) <= 0.25
 
 
+@pytest.mark.slow
 def test_the_router_forwards_uploads(server, clips):
     router = ServerProcess("--backend", server.url, command="router")
     try:
