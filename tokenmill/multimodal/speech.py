@@ -49,6 +49,21 @@ class AudioProcessor:
         ids = list(token_ids) or self.tokens.prompt()
         return MultiModalPrompt(ids, [audio_feature(samples, self.n_mels)])
 
+    def needs_detection(self, opts: TranscriptionOptions) -> bool:
+        """A multilingual model given no language detects it first (as Whisper does, from the first 30 s)."""
+        return self.tokens.multilingual and not opts.language
+
+    def detection_request(self, samples) -> tuple[list[int], MultiModalFeature]:
+        """The prompt and feature of a one-token request whose token is the clip's language (the runner's rules
+        leave only language tokens after a bare <|startoftranscript|>)."""
+        return [self.tokens.sot], audio_feature(samples[:WINDOW_SECONDS * SAMPLE_RATE], self.n_mels)
+
+    def language_of(self, token_id: int) -> str:
+        codes = {i: c for c, i in self.tokens.languages.items()}
+        if token_id not in codes:
+            raise RuntimeError(f"language detection gave token {token_id}, not a language token")
+        return codes[token_id]
+
     def windows(self, samples, opts: TranscriptionOptions,
                 tokenizer) -> list[tuple[AudioWindow, list[int], MultiModalFeature]]:
         """A whole clip as its windows, each with its decoder prompt and its audio feature (one request each)."""

@@ -1,6 +1,8 @@
 """Whisper's decoding rules on a step's logits, per request, before the batched sampler (transformers' and
 Whisper's logits processors, in their order):
 
+- language detection: a multilingual model's prompt that ends at <|startoftranscript|> samples a language token
+  (Whisper's own detection: the most likely of them after it);
 - suppress tokens are never sampled; at the first sampled position, neither are the blank and the end;
 - with timestamps (a prompt without <|notimestamps|>): <|notimestamps|> is never sampled; timestamps come in
   pairs (after a lone one, a timestamp or the end; after a pair, text); they never decrease; the first token is
@@ -20,6 +22,11 @@ class WhisperLogitsRules:
         self.t = tokens
         self.suppress = torch.tensor(tokens.suppress, dtype=torch.long, device=device)
         self.begin = torch.tensor(tokens.begin_suppress, dtype=torch.long, device=device)
+        self.not_language = None
+        if tokens.multilingual and tokens.languages:
+            keep = torch.zeros(tokens.vocab_size, dtype=torch.bool, device=device)
+            keep[list(tokens.languages.values())] = True
+            self.not_language = ~keep
 
     def apply(self, logits: torch.Tensor, states: list[CachedRequestState]) -> torch.Tensor:
         """The logits (one row per state, scoring its next token) with the rules' tokens at -inf."""
@@ -30,6 +37,9 @@ class WhisperLogitsRules:
         for row, state in enumerate(states):
             prompt = state.token_buf[:state.num_prompt_tokens]
             out = state.token_buf[state.num_prompt_tokens:state.num_tokens].tolist()
+            if self.not_language is not None and not out and prompt[-1] == self.t.sot:
+                logits[row, self.not_language[:logits.shape[1]]] = -torch.inf   # (detection: a language next)
+                continue
             if not out and len(self.begin):
                 logits[row, self.begin] = -torch.inf
             if self.t.no_timestamps in prompt:

@@ -6,6 +6,7 @@ deltas in vLLM's transcription.chunk shape, window after window."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -59,6 +60,8 @@ class OpenAIServingTranscription:
         try:
             samples = await asyncio.to_thread(decode_audio, data, "file")
             check_duration(samples, audio.max_seconds, "file")
+            if audio.needs_detection(opts):
+                opts = await self._detect_language(raw, audio, samples, opts)
             windows = await asyncio.to_thread(audio.windows, samples, opts, self.ctx.engine.tokenizer)
             prompts = [ProcessedPrompt(None, ids, mm_features=[f]) for _, ids, f in windows]
         except ValueError as e:
@@ -79,6 +82,15 @@ class OpenAIServingTranscription:
         if isinstance(body, dict):
             return JSONResponse(body)
         return PlainTextResponse(body, media_type="text/vtt" if opts.response_format == "vtt" else "text/plain")
+
+    async def _detect_language(self, raw: Request, audio: AudioProcessor, samples,
+                               opts: TranscriptionOptions) -> TranscriptionOptions:
+        """A one-token request first: the language the model hears in the first 30 s."""
+        ids, feature = await asyncio.to_thread(audio.detection_request, samples)
+        streams = self.ctx.start(raw, [ProcessedPrompt(None, ids, mm_features=[feature])],
+                                 SamplingParams(temperature=0, max_tokens=1), [random_id("lang")])
+        finals = await until_disconnected(raw, self._collect(streams))
+        return dataclasses.replace(opts, language=audio.language_of(finals[0].outputs[0].token_ids[0]))
 
     @staticmethod
     async def _form(raw: Request):
