@@ -20,7 +20,7 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # --kv-cache-dtype -> bytes per stored value (None: the model dtype's); attention/ops.py maps them to storage
 KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 # --quantization and --quantization-group-size (layers/quant/methods.py implements them)
-QUANTIZATION_METHODS = ("int8", "int4", "gguf")
+QUANTIZATION_METHODS = ("int8", "int4", "gguf", "w8a8")
 # checkpoints quantized by other tools, named by their quantization_config's quant_method (model/prequantized.py)
 PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 GROUP_SIZES = (32, 64, 128)
@@ -63,8 +63,10 @@ class EngineArgs:
     dtype: str = _arg("auto", "Weight and activation dtype: auto follows the config where the device runs it well.",
                       choices=["auto", "float32", "bfloat16", "float16"])
     quantization: str | None = _arg(None, "Weight quantization: int8 (per output channel), int4 (groups of "
-                                          "--quantization-group-size, a scale and a minimum each), or gguf (a "
-                                          ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are). A checkpoint "
+                                          "--quantization-group-size, a scale and a minimum each), gguf (a "
+                                          ".gguf model's Q8_0/Q4_0/Q4_1 blocks run as they are), or w8a8 (int8 "
+                                          "weights and, on steps of many rows, per-token int8 activations; "
+                                          "SmoothQuant factors from `tokenmill quantize`). A checkpoint "
                                           "quantized by another tool (gptq, awq, compressed-tensors, fp8) is read "
                                           "as its config.json says, without the flag. Default: none (weights in "
                                           "--dtype; a .gguf file is dequantized).",

@@ -32,6 +32,7 @@ CORPUS_FILES = tuple(Path(__file__).parent / "data" / name
 MODES = {
     "bf16": {},
     "int8": {"quantization": "int8"},
+    "w8a8": {"quantization": "w8a8"},
     "int4-g32": {"quantization": "int4", "quantization_group_size": 32},
     "int4-g64": {"quantization": "int4", "quantization_group_size": 64},
     "int4-g128": {"quantization": "int4", "quantization_group_size": 128},

@@ -1,4 +1,4 @@
-"""`tokenmill serve | complete | chat | bench | router | plan`."""
+"""`tokenmill serve | complete | chat | bench | router | plan | quantize`."""
 
 from __future__ import annotations
 
@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.plan.cli import add_plan_parser
 
     add_plan_parser(sub)
+
+    from tokenmill.cli.quantize import add_quantize_parser
+
+    add_quantize_parser(sub)
     return parser
 
 

@@ -49,8 +49,9 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
             model = cls(hf_config, backend, max_positions)
     finally:
         torch.set_default_dtype(prev)
-    model.attach_quant_method(get_quant_method(model_config.quantization, model_config.quantization_group_size,
-                                               model_config.format))
+    method = get_quant_method(model_config.quantization, model_config.quantization_group_size, model_config.format,
+                              model_config.model)
+    model.attach_quant_method(method)
     if model_config.format == "gguf":
         from tokenmill.model.gguf_file import iter_gguf_weights
         from tokenmill.model.start_cache import cached_tensors
@@ -73,6 +74,8 @@ def load_model(model_config: ModelConfig, backend, device: str, max_positions: i
         weights = prequantized_weights(weights, checkpoint_quantization(hf_config), dtype)
     with torch.no_grad():
         model.load_weights(weights)
+        if hasattr(method, "prepare"):   # (a method that rewrites the float weights first: w8a8's smoothing)
+            method.prepare(model)
         model.process_weights_after_loading()
     model.eval()
     if hasattr(model, "set_enforce_eager"):

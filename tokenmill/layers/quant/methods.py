@@ -14,6 +14,9 @@ from tokenmill.config import PREQUANTIZED_METHODS, check_quantization
 from tokenmill.layers.packed_weight import PackedWeight, onednn_packing_helps
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight, quantize_int4, quantize_int8
+from tokenmill.utils import init_logger
+
+logger = init_logger(__name__)
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
@@ -95,6 +98,40 @@ class GGUFMethod(UnquantizedMethod):
         return self
 
 
+class W8A8Method(Int8Method):
+    """int8 weights per output channel and per-token int8 activations on steps of many rows (layers/quant/w8a8.py);
+    `prepare` folds the calibrated SmoothQuant factors into the float weights first. The lm head and down_proj
+    are weight-only int8 (W8A8_WEIGHT_ONLY)."""
+
+    name = "w8a8"
+
+    def __init__(self, model_path: str | None = None):
+        self.model_path = model_path
+
+    def make_kernel(self, layer_name, weight, bias, quantized):
+        from tokenmill.layers.quant.w8a8 import W8A8_WEIGHT_ONLY, W8A8Kernel
+
+        qw = quantized if quantized is not None and quantized.bits == 8 else quantize_int8(
+            quantized.dequantize() if quantized is not None else weight)
+        if layer_name.endswith(W8A8_WEIGHT_ONLY):
+            return QuantLinearKernel(qw, bias, weight.dtype, weight.device)
+        return W8A8Kernel(qw, bias, weight.dtype, weight.device)
+
+    def prepare(self, model) -> None:
+        from tokenmill.layers.quant.w8a8 import apply_smoothing, load_activation_maxima, smoothing_path
+
+        maxima = load_activation_maxima(self.model_path) if self.model_path else None
+        if maxima is None:
+            logger.warning("w8a8 without SmoothQuant factors (run `tokenmill quantize %s` once): activations are "
+                           "quantized as they are, which costs accuracy", self.model_path)
+            return
+        logger.info("w8a8: SmoothQuant factors for %d layers from %s", apply_smoothing(model, maxima),
+                    smoothing_path(self.model_path))
+
+    def lm_head(self) -> Int8Method:
+        return Int8Method()
+
+
 class PrequantizedMethod(GGUFMethod):
     """A checkpoint quantized by another tool (GPTQ, AWQ, compressed-tensors; model/prequantized.py turns its
     tensors into QuantizedWeights): those run on the int8 / int4 kernels value for value; the layers it keeps in
@@ -104,7 +141,8 @@ class PrequantizedMethod(GGUFMethod):
         self.name = name
 
 
-def get_quant_method(name: str | None, group_size: int = 32, model_format: str = "hf") -> UnquantizedMethod:
+def get_quant_method(name: str | None, group_size: int = 32, model_format: str = "hf",
+                     model_path: str | None = None) -> UnquantizedMethod:
     """The method for `--quantization`; unknown names and formats it cannot read fail here, naming the flag."""
     check_quantization(name, group_size, model_format)
     if name == "int8":
@@ -113,6 +151,8 @@ def get_quant_method(name: str | None, group_size: int = 32, model_format: str =
         return Int4Method(group_size)
     if name == "gguf":
         return GGUFMethod()
+    if name == "w8a8":
+        return W8A8Method(model_path)
     if name in PREQUANTIZED_METHODS:
         return PrequantizedMethod(name)
     return UnquantizedMethod()
