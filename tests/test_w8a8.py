@@ -20,8 +20,15 @@ from tokenmill.layers.quant.w8a8 import (
 PROMPT = [17, 923, 4412, 88, 301, 77, 2049, 5, 640, 12]
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_product_equals_quantizing_by_hand(dtype):
+def test_int8_product_equals_quantizing_by_hand(dtype, native, monkeypatch):
+    """Both paths: the one-pass native quantize and scale kernels, and torch's operations."""
+    import tokenmill.layers.quant.w8a8 as w8a8
+
+    monkeypatch.setattr(w8a8, "USE_NATIVE_OPS", native)
+    if native and not w8a8.native_ops():
+        pytest.skip("the native kernels are not built here")
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g)
     b = torch.randn(96, generator=g)

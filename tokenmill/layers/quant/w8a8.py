@@ -51,6 +51,11 @@ class W8A8Kernel(QuantLinearKernel):
         if rows <= W8A8_MIN_ROWS:
             return super().__call__(x)
         x2 = x.reshape(rows, x.shape[-1])
+        if native_ops() and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32):
+            xq, sx = torch.ops.tokenmill.w8a8_quantize_rows(x2)
+            y = torch.ops.tokenmill.w8a8_scale_rows(torch._int_mm(xq, self.w_t), sx, self.w_scale, self.bias_out,
+                                                    x.dtype)
+            return y.reshape(*x.shape[:-1], self.out_features)
         xq, sx = quantize_per_token(x2)
         y = torch._int_mm(xq, self.w_t).to(torch.float32).mul_(self.w_scale).mul_(sx)
         if self.bias_out is not None:
@@ -59,6 +64,16 @@ class W8A8Kernel(QuantLinearKernel):
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         return None if x.numel() // x.shape[-1] > W8A8_MIN_ROWS else super().silu_and_mul(x)
+
+
+USE_NATIVE_OPS = True   # (tests turn it off to check the torch path against the same formula)
+
+
+def native_ops() -> bool:
+    """Whether the one-pass quantize and scale kernels (kernels/csrc/w8a8_ops.cpp) were built."""
+    from tokenmill.kernels.build import load_cpu_kernels
+
+    return USE_NATIVE_OPS and load_cpu_kernels() and hasattr(torch.ops.tokenmill, "w8a8_scale_rows")
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
