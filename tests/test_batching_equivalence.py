@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tokenmill import SamplingParams
 
 
+@pytest.mark.slow   # (make test keeps test_engine_real_model's mixed prompts against each alone)
 def test_batch_equals_each_alone(smol_llm):
     rng = random.Random(7)
     lengths = [5, 16, 17, 33, 48, 64, 81, 100]

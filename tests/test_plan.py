@@ -116,6 +116,7 @@ def test_bad_plan_flags_are_errors_naming_the_flag(capsys, argv, flag):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_command_prints_a_plan_and_the_same_as_json(capsys):
     """`--device this` probes this machine's kernels (about ten seconds): the JSON carries the issue's fields."""
     from tokenmill.cli.main import main

@@ -124,12 +124,16 @@ FORMATS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model_dir, tmp_path_factory):
-    """format -> (its folder, a transformers model holding the dequantized weights)."""
+    """format -> (its folder, a transformers model holding the dequantized weights), each built when first asked."""
     import transformers
 
     base = tiny_model_dir("llama")
     out = {}
-    for name, (write, qcfg) in FORMATS.items():
+
+    def build(name: str):
+        if name in out:
+            return out[name]
+        write, qcfg = FORMATS[name]
         folder = tmp_path_factory.mktemp(f"quant-{name}")
         model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         tensors = {}
@@ -148,12 +152,18 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
             if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
                 (folder / f.name).write_bytes(f.read_bytes())
         out[name] = (folder, model.eval())
-    return out
+        return out[name]
+
+    return build
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+# make test: one of each kind (act-order, groups with zero points, AWQ's order, packed int4, fp8 blocks)
+FAST = ("gptq4-act-order", "gptq4", "awq", "ct-int4", "fp8-block")
+
+
+@pytest.mark.parametrize("fmt", [f if f in FAST else pytest.param(f, marks=pytest.mark.slow) for f in FORMATS])
 def test_greedy_equals_transformers_on_the_dequantized_weights(checkpoints, fmt):
-    folder, reference = checkpoints[fmt]
+    folder, reference = checkpoints(fmt)
     llm = LLM(str(folder), dtype="float32", max_num_seqs=2)
     assert llm.config.model_config.quantization == FORMATS[fmt][1]["quant_method"]
     out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=16, logprobs=0),
@@ -167,7 +177,7 @@ def test_quantized_layers_stay_quantized(checkpoints, fmt, bits):
     """In the model dtype the layers keep the checkpoint's integers (the kernels' own packing)."""
     from tokenmill.layers.quant.kernel import QuantLinearKernel
 
-    llm = LLM(str(checkpoints[fmt][0]), dtype="bfloat16", max_num_seqs=2)
+    llm = LLM(str(checkpoints(fmt)[0]), dtype="bfloat16", max_num_seqs=2)
     layer = llm.engine_core.executor.runner.model.model.layers[0].mlp.down_proj
     assert isinstance(layer.kernel, QuantLinearKernel) and layer.kernel.bits == bits
     assert llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=4),
@@ -176,6 +186,6 @@ def test_quantized_layers_stay_quantized(checkpoints, fmt, bits):
 
 def test_quantization_flag_must_agree_with_the_checkpoint(checkpoints, tiny_model_dir):
     with pytest.raises(ValueError, match="already quantized with gptq"):
-        LLM(str(checkpoints["gptq4"][0]), quantization="int8")
+        LLM(str(checkpoints("gptq4")[0]), quantization="int8")
     with pytest.raises(ValueError, match="needs a checkpoint quantized that way"):
         LLM(str(tiny_model_dir("llama")), quantization="awq")

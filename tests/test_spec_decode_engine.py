@@ -42,7 +42,7 @@ def _check_same(outs, reference):
 
 
 @pytest.mark.parametrize("name, kwargs", [
-    ("alone", dict()),
+    pytest.param("alone", dict(), marks=pytest.mark.slow),   # (make test: the EAGLE and draft-model equalities)
     pytest.param("batched_chunked_cached", dict(max_num_batched_tokens=40, disable_by_batch_size=None),
                  marks=pytest.mark.slow),
     pytest.param("preempting", dict(num_gpu_blocks_override=24, max_model_len=384, disable_by_batch_size=None),

@@ -98,6 +98,7 @@ def test_audio_over_30_seconds_comes_back_whole(server, clips):
     assert ends == sorted(ends) and ends[-1] > 30.0
 
 
+@pytest.mark.slow
 def test_concurrent_uploads_are_batched_and_all_answered(server, clips):
     alone = post(server, clips["short"]).json()["text"]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
