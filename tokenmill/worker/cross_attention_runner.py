@@ -39,9 +39,6 @@ class CrossAttentionRunner:
         rids = list(so.scheduled_encoder_inputs)
         if not rids:
             return
-        for rid in rids:
-            if rid in self.slot_of:   # (encoded again after a preemption the runner has not yet been told of)
-                self.free.append(self.slot_of.pop(rid))
         slots = [self.free.pop() for _ in rids]
         self.slot_of.update(zip(rids, slots))
         features = np.stack([requests[r].mm_features[0].data["input_features"].numpy() for r in rids])

@@ -36,15 +36,15 @@ class WhisperLogitsRules:
         ts = self.t.timestamp_begin
         for row, state in enumerate(states):
             prompt = state.token_buf[:state.num_prompt_tokens]
-            out = state.token_buf[state.num_prompt_tokens:state.num_tokens].tolist()
-            if self.not_language is not None and not out and prompt[-1] == self.t.sot:
+            first = state.num_tokens == state.num_prompt_tokens
+            if first and self.not_language is not None and prompt[-1] == self.t.sot:
                 logits[row, self.not_language[:logits.shape[1]]] = -torch.inf   # (detection: a language next)
                 continue
-            if not out and len(self.begin):
+            if first and len(self.begin):
                 logits[row, self.begin] = -torch.inf
             if self.t.no_timestamps in prompt:
-                continue
-            self._timestamps(logits[row], out, ts)
+                continue   # (no timestamps: nothing of the output is read, so no per-step copy of it)
+            self._timestamps(logits[row], state.token_buf[state.num_prompt_tokens:state.num_tokens].tolist(), ts)
         return logits
 
     def _timestamps(self, scores: torch.Tensor, out: list[int], ts: int) -> None:
