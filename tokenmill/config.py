@@ -24,6 +24,8 @@ QUANTIZATION_METHODS = ("int8", "int4", "gguf", "w8a8")
 # checkpoints quantized by other tools, named by their quantization_config's quant_method (model/prequantized.py)
 PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 GROUP_SIZES = (32, 64, 128)
+# --cpu-isa: which CPU kernels run (cpu_isa.py says what each is)
+CPU_ISAS = ("auto", "amx", "avx512", "avx2", "neon", "none")
 # Fraction of free memory the KV cache may take when --kv-cache-memory is not given, and its ceiling.
 DEFAULT_KV_FRACTION = 0.25
 DEFAULT_KV_CEILING = 4 << 30
@@ -114,6 +116,10 @@ class EngineArgs:
     served_model_name: str | None = _arg(None, "The model name the API reports and accepts.")
     cpu_bind: str = _arg("auto", "CPU threads of the engine: auto (one per physical core, each pinned to its "
                                  "own CPU), none (same count, not pinned), or a CPU list like '0-3'.")
+    cpu_isa: str = _arg("auto", "CPU kernels: auto (the best this CPU runs), amx, avx512, avx2 (the portable "
+                                "AVX2 + FMA kernels, also on a CPU that has more), neon (ARM), or none (torch's "
+                                "operators, the reference path). A set the CPU lacks is an error.",
+                        choices=list(CPU_ISAS))
     speculative_config: str | dict | None = _arg(
         None, "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\"|\"draft_model\"|\"eagle\"|\"eagle3\", "
               "\"num_speculative_tokens\": k, ...}; ngram takes prompt_lookup_min/max, draft_model a \"model\" "
@@ -361,6 +367,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str | None = None
     cpu_bind: str = "auto"
+    cpu_isa: str = "auto"               # the kernel set the engine selects (kernels.use_cpu_isa)
     speculative_config: Any = None      # spec_decode.config.SpeculativeConfig
     draft_model_config: ModelConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

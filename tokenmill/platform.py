@@ -7,18 +7,7 @@ import functools
 import os
 import sys
 
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+from tokenmill.cpu_isa import BF16_ISAS, resolve_cpu_isa
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,22 +31,26 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cpu_runs_bf16_well() -> bool:
-    """bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512-BF16 or AMX)."""
-    flags = cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def cpu_runs_bf16_well(cpu_isa: str = "auto") -> bool:
+    """bf16 pays off where the selected CPU kernels store it: with native bf16 dot products (AVX512-BF16, AMX),
+    and on AVX2 or NEON, whose kernels read bf16 (half fp32's bytes: decode reads every weight once a token)
+    and compute in fp32. torch's own operators (--cpu-isa none) are faster in fp32 there."""
+    try:
+        return resolve_cpu_isa(cpu_isa).isa in BF16_ISAS
+    except ValueError:   # a set this CPU lacks: create_config says so
+        return False
 
 
-def default_dtype(device: str) -> str:
+def default_dtype(device: str, cpu_isa: str = "auto") -> str:
     if device == "cuda":
         return "bfloat16"
-    return "bfloat16" if cpu_runs_bf16_well() else "float32"
+    return "bfloat16" if cpu_runs_bf16_well(cpu_isa) else "float32"
 
 
-def runs_well(dtype: str, device: str) -> bool:
+def runs_well(dtype: str, device: str, cpu_isa: str = "auto") -> bool:
     if device == "cuda" or dtype == "float32":
         return True
-    return dtype == "bfloat16" and cpu_runs_bf16_well()
+    return dtype == "bfloat16" and cpu_runs_bf16_well(cpu_isa)
 
 
 def available_memory_bytes() -> int:
@@ -144,6 +137,17 @@ def rank_cpus(cpus: list[int], rank: int, world_size: int) -> list[int]:
     return cpus[start:start + per + (1 if rank < extra else 0)]
 
 
+def select_cpu_kernels(cpu_isa: str) -> str:
+    """Selects the process's CPU kernel set (before the model is built: its layers ask which kernels to use).
+    Returns a line for the log."""
+    import tokenmill.kernels as kernels
+
+    k = kernels.use_cpu_isa(cpu_isa)
+    if kernels.ops() is None:
+        return f"{k.isa}: torch's operators" + ("" if k.isa == "none" else " (the native kernels did not build)")
+    return f"{k.isa} (torch.ops.{k.namespace}{', AMX on' if k.amx else ''})"
+
+
 def bind_cpu_threads(cpu_bind: str, cpus: list[int] | None = None) -> str:
     """Sets the engine's intra-op threads: one per physical core, each pinned to its own CPU (or, with 'none',
     unpinned); `cpus` is a rank's share when the engine has several. Returns a line for the log."""
@@ -159,7 +163,7 @@ def bind_cpu_threads(cpu_bind: str, cpus: list[int] | None = None) -> str:
     if not load_cpu_kernels():
         torch.set_num_threads(len(cpus))
         return f"{len(cpus)} threads, not pinned (the native kernels are unavailable)"
-    torch.ops.tokenmill.bind_threads(cpus)
+    torch.ops.tokenmill.bind_threads(cpus)   # the native build's (every build pins threads alike)
     return f"{len(cpus)} threads pinned to CPUs {','.join(map(str, cpus))}"
 
 

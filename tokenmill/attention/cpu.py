@@ -53,11 +53,10 @@ class CpuPagedBackend(AttentionBackend):
     name = "cpu"
 
     def __init__(self):
-        from tokenmill.kernels.build import load_cpu_kernels
-
-        if not load_cpu_kernels():
-            raise RuntimeError("the native CPU attention kernel could not be built")
-        self._op = torch.ops.tokenmill.paged_attention
+        self._ops = kernels.ops()
+        if self._ops is None:
+            raise RuntimeError("the native CPU attention kernel could not be built (or --cpu-isa none)")
+        self._op = self._ops.paged_attention
         self._prefill_op = kernels.prefill_attention_op()
         self.decode_amx = True   # bf16 decode scores on AMX tiles where the CPU has them (tests turn it off)
 
@@ -146,7 +145,7 @@ class CpuPagedBackend(AttentionBackend):
             o_pre, lse_pre = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh, scale=scale)
             o_pre = o_pre.view(hkv, rows, group, d).permute(1, 0, 2, 3)
             lse_pre = lse_pre.view(hkv, rows, group).permute(1, 0, 2)
-        torch.ops.tokenmill.merge_attn_states(out, lse_tail, o_pre, lse_pre, prefix.token_index)
+        self._ops.merge_attn_states(out, lse_tail, o_pre, lse_pre, prefix.token_index)
 
     @staticmethod
     def _plan(md: AttentionMetadata, block_size: int, cascade: bool = True) -> CpuPlan:

@@ -19,6 +19,11 @@ def default_backend_name(device: str) -> str:
 def get_backend(name: str | None, device: str) -> AttentionBackend:
     explicit = name is not None
     name = name or default_backend_name(device)
+    if name == "cpu" and not explicit:
+        import tokenmill.kernels as kernels
+
+        if kernels.ops() is None:   # --cpu-isa none (or no compiler): torch's attention, as asked
+            name = "torch_sdpa"
     if name == "cpu":
         from tokenmill.attention.cpu import CpuPagedBackend
 

@@ -22,6 +22,7 @@ from tokenmill.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from tokenmill.cpu_isa import resolve_cpu_isa
 from tokenmill.kv_transfer.config import parse_kv_transfer_config
 from tokenmill.lora.config import LoRAConfig
 from tokenmill.model.model_config import load_model_config
@@ -82,11 +83,12 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_config = dataclasses.replace(model_config, max_model_len=max_model_len)
     if args.cpu_bind not in ("auto", "none"):
         parse_cpu_list(args.cpu_bind)
+    resolve_cpu_isa(args.cpu_isa)   # a set this CPU cannot run fails here, naming cpu_isa
     mm = mm_config_for(args, model_config, batched)
     if mm is not None and (spec is not None or parallel.world_size > 1):
         raise ValueError("a vision model runs without speculative decoding and tensor or pipeline parallel for now")
     cfg = EngineConfig(model_config, cache_config, scheduler_config, seed=args.seed,
-                       attention_backend=args.attention_backend, cpu_bind=args.cpu_bind,
+                       attention_backend=args.attention_backend, cpu_bind=args.cpu_bind, cpu_isa=args.cpu_isa,
                        speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
                        kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora,
                        mm_config=mm, media=media_options(args), cross_config=cross)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.executor.base import Executor
-from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory
+from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory, select_cpu_kernels
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -16,6 +16,7 @@ class UniprocExecutor(Executor):
         from tokenmill.worker.model_runner import ModelRunner
 
         if device_type() == "cpu":
+            logger.info("CPU kernels: %s", select_cpu_kernels(config.cpu_isa))
             logger.info("intra-op threads: %s", bind_cpu_threads(config.cpu_bind))
             if not keep_freed_memory():
                 logger.info("not glibc: freed activation memory may be returned to the kernel each step")

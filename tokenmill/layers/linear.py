@@ -230,17 +230,18 @@ class RMSNorm(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         self.native = kernels.native_kernels_for(self.weight)
+        self.ops = kernels.ops() if self.native else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:
             if self.native:
-                torch.ops.tokenmill.add_rms_norm(x, residual, self.weight, self.eps)  # both in place
+                self.ops.add_rms_norm(x, residual, self.weight, self.eps)  # both in place
                 return x, residual
             residual = x + residual
             return self._norm(residual), residual
         if self.native and x.dim() == 2:
             out = torch.empty_like(x)
-            torch.ops.tokenmill.rms_norm(out, x, self.weight, self.eps)
+            self.ops.rms_norm(out, x, self.weight, self.eps)
             return out
         return self._norm(x)
 

@@ -4,13 +4,21 @@ blocked layout for the rows they do not take."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 import tokenmill.kernels as kernels
 
 
 def onednn_packing_helps(weight: torch.Tensor) -> bool:
-    """oneDNN's prepacked bf16 weights beat plain F.linear on CPU at every batch size (1.5-4x at M=1)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """A bf16 CPU weight takes PackedWeight: the native tile kernels where they are built, and oneDNN's prepacked
+    bf16 weights (which beat plain F.linear at every batch size, 1.5-4x at M=1) where the CPU runs them."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and (
+        kernels.native_kernels_for(weight) or onednn_bf16())
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 here: it needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, not AVX2 alone."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # Up to this many rows the native skinny matmul (a weight stream at 20-35 GB/s) beats oneDNN's blocked kernels;
@@ -42,18 +50,21 @@ class PackedWeight:
         self.out_features, in_features = weight.shape
         self.nbytes = weight.numel() * weight.element_size()  # what one pass streams (either layout)
         tileable = self.out_features % 16 == 0 and in_features % 32 == 0
-        self.tiles = (torch.ops.tokenmill.pack_tiles(weight.detach())
-                      if tileable and kernels.native_kernels_for(weight) else None)
+        ops = kernels.ops()
+        self.tiles = (ops.pack_tiles(weight.detach()) if tileable and kernels.native_kernels_for(weight) else None)
         self.tile_max_rows, self.tile_gemm, self.skinny_max_rows = 0, None, SKINNY_MAX_ROWS
         if self.tiles is not None and kernels.amx_available():
             self.tile_max_rows = AMX_MAX_ROWS if self.out_features < WIDE_OUTPUT else AMX_MAX_ROWS_WIDE
-            self.tile_gemm = torch.ops.tokenmill.amx_gemm
+            self.tile_gemm = ops.amx_gemm
         elif self.tiles is not None:
-            self.tile_max_rows, self.tile_gemm = kernels.ANY_ROWS, torch.ops.tokenmill.vec_gemm
+            self.tile_max_rows, self.tile_gemm = kernels.ANY_ROWS, ops.vec_gemm
             self.skinny_max_rows = VEC_SKINNY_MAX_ROWS
+        beyond_tiles = self.tile_max_rows < kernels.ANY_ROWS
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-                       if self.tile_max_rows < kernels.ANY_ROWS else None)
+                       if beyond_tiles and onednn_bf16() else None)
+        self.weight = weight.detach() if beyond_tiles and self.packed is None else None  # for F.linear
         self.gated_on_tiles = self.tiles is not None and self.out_features % 32 == 0  # gate, up: whole blocks
+        self.skinny_gemm = ops.tiled_skinny_gemm if self.tiles is not None else None
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up for a weight that stacks gate over up, computed in the tile matmul's epilogue (the
@@ -70,6 +81,8 @@ class PackedWeight:
         rows = x.shape[0]
         if rows <= self.tile_max_rows:
             if rows <= self.skinny_max_rows:
-                return torch.ops.tokenmill.tiled_skinny_gemm(x, self.tiles, self.bias, self.out_features)
+                return self.skinny_gemm(x, self.tiles, self.bias, self.out_features)
             return self.tile_gemm(x, self.tiles, self.bias, self.out_features)
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

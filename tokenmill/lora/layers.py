@@ -74,7 +74,8 @@ class LoRALinearWeights:
         self.out_sizes = out_sizes
         width = max_loras * self.num_shards * rank
         self.native = kernels.native_kernels_for(torch.empty(0, dtype=dtype, device=device)) and \
-            self.num_shards * rank <= 64
+            kernels.has_op("lora_sgmv") and self.num_shards * rank <= 64
+        self.ops = kernels.ops() if self.native else None
         self.a = torch.zeros(width, in_features, dtype=dtype, device=device)          # rows: slot, shard, rank
         self.b_t = torch.zeros(width, sum(out_sizes), dtype=dtype, device=device)     # B transposed, same rows
         # the kernel's copies, in fp32 (no conversion in its inner loops; adapters are small)
@@ -110,7 +111,7 @@ class LoRALinearWeights:
             return y
         if self.native and x.dim() == 2 and x.stride(1) == 1 and y.is_contiguous():
             order, seg = self.step.grouped()
-            torch.ops.tokenmill.lora_sgmv(y, x, self.a32, self.b32, order, seg, self.bounds, self.rank)
+            self.ops.lora_sgmv(y, x, self.a32, self.b32, order, seg, self.bounds, self.rank)
             return y
         width = self.step.slots * self.num_shards * self.rank
         h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.a[:width])

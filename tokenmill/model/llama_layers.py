@@ -65,6 +65,7 @@ class LlamaAttention(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         self.native = kernels.native_kernels_for(self.qkv_proj.weight) and not self.qk_norm
+        self.ops = kernels.ops() if self.native else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -79,9 +80,9 @@ class LlamaAttention(nn.Module):
         backend attends."""
         q = torch.empty(qkv.shape[0], self.num_heads, self.head_dim, dtype=qkv.dtype)
         cache = self.attn.kv_cache
-        torch.ops.tokenmill.rope_and_cache(q, qkv, positions, self.rotary.cos, self.rotary.sin, cache[0], cache[1],
-                                           md.slot_mapping, self.num_heads, self.num_kv_heads, self.attn.k_scale,
-                                           self.attn.v_scale, self.attn.k_offset)
+        self.ops.rope_and_cache(q, qkv, positions, self.rotary.cos, self.rotary.sin, cache[0], cache[1],
+                                md.slot_mapping, self.num_heads, self.num_kv_heads, self.attn.k_scale,
+                                self.attn.v_scale, self.attn.k_offset)
         _, k, v = self.qkv_proj.split(qkv)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)

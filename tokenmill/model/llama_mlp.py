@@ -31,6 +31,7 @@ class LlamaMLP(nn.Module):
     def process_weights_after_loading(self) -> None:
         """After gate_up_proj's own (its kernel decides whether a fused gated path exists)."""
         self.native = self.is_silu and kernels.native_kernels_for(self.gate_up_proj.weight)
+        self.ops = kernels.ops() if self.native else None   # this engine's kernel set, whatever starts later
         self.gated = getattr(self.gate_up_proj.kernel, "silu_and_mul", None) if self.native else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,7 @@ class LlamaMLP(nn.Module):
         gate_up = self.gate_up_proj(x)
         if self.native and gate_up.dim() == 2:
             h = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-            torch.ops.tokenmill.silu_and_mul(h, gate_up)
+            self.ops.silu_and_mul(h, gate_up)
             return self.down_proj(h)
         gate, up = self.gate_up_proj.split(gate_up)
         return self.down_proj(self.act(gate) * up)

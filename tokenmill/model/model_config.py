@@ -39,8 +39,9 @@ def head_dim_of(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
-def resolve_dtype(requested: str, hf_config, device: str) -> str:
-    """`--dtype`: a name as given, or for auto the config's own dtype where this device runs it well."""
+def resolve_dtype(requested: str, hf_config, device: str, cpu_isa: str = "auto") -> str:
+    """`--dtype`: a name as given, or for auto the config's own dtype where this device (and on the CPU, the
+    kernel set `cpu_isa` selects) runs it well."""
     from tokenmill.platform import default_dtype, runs_well
 
     if requested != "auto":
@@ -51,7 +52,7 @@ def resolve_dtype(requested: str, hf_config, device: str) -> str:
     cfg_dtype = getattr(hf_config, "dtype", None) if hasattr(hf_config, "dtype") else \
         getattr(hf_config, "torch_dtype", None)
     name = cfg_dtype if isinstance(cfg_dtype, str) else str(cfg_dtype).removeprefix("torch.")
-    return name if name in DTYPE_NAMES and runs_well(name, device) else default_dtype(device)
+    return name if name in DTYPE_NAMES and runs_well(name, device, cpu_isa) else default_dtype(device, cpu_isa)
 
 
 def _eos_token_ids(path: str, fmt: str, hf_config) -> tuple[int, ...]:
@@ -83,7 +84,7 @@ def load_model_config(args: EngineArgs) -> ModelConfig:
         raise ValueError(f"tokenizer path {args.tokenizer!r} does not exist")
     return ModelConfig(
         model=source.path, format=source.format, hf_config=hf_config, tokenizer=tokenizer,
-        dtype=resolve_dtype(args.dtype, hf_config, device_type()),
+        dtype=resolve_dtype(args.dtype, hf_config, device_type(), args.cpu_isa),
         served_model_name=args.served_model_name or source.name,
         max_model_len=model_max_len(hf_config), **_decoder_shape(hf_config),
         eos_token_ids=_eos_token_ids(source.path, source.format, hf_config),

@@ -19,6 +19,7 @@ import torch
 
 from tokenmill.attention.backend import AttentionMetadata
 from tokenmill.kernels import ANY_ROWS
+from tokenmill.platform import device_type
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -26,14 +27,19 @@ logger = init_logger(__name__)
 _TILES, _QUANTIZED = 0, 1
 
 
-def _stack_class():
-    from tokenmill.kernels.build import load_cpu_kernels
+def _kernel_namespace() -> str | None:
+    """The op namespace of the selected kernel set, None where it has none (asked when a model is built)."""
+    import tokenmill.kernels as kernels
 
-    if not load_cpu_kernels():
+    return kernels.active().namespace if kernels.ops() is not None else None
+
+
+def _stack_class(namespace: str | None):
+    if namespace is None:
         return None
     try:
-        return torch.classes.tokenmill.DecoderStack
-    except (AttributeError, RuntimeError):   # kernels not built, or built without AVX-512 BF16
+        return getattr(torch.classes, namespace).DecoderStack
+    except (AttributeError, RuntimeError):   # built without AVX-512 BF16 or the portable kernels
         return None
 
 
@@ -47,7 +53,8 @@ def _linear_spec(linear) -> tuple | None:
     k = linear.kernel
     if isinstance(k, PackedWeight) and k.tiles is not None:   # past its tile path, oneDNN: any number of rows
         return (_TILES, k.tiles, None, None, k.bias, k.out_features, k.skinny_max_rows, k.tile_max_rows, 0, 0,
-                k.gated_on_tiles, k.packed), ANY_ROWS   # past its tile kernels (on AMX) oneDNN
+                k.gated_on_tiles, k.packed), ANY_ROWS if k.packed is not None else k.tile_max_rows
+                # past its tile kernels (on AMX) oneDNN, where the CPU runs oneDNN's bf16
     if isinstance(k, QuantLinearKernel) and k.native:   # (native: the VNNI kernel was built)
         return (_QUANTIZED, k.q, k.scale, k.min, k.bias_f32, k.out_features, k.vnni_max_rows, k.max_rows, k.bits,
                 k.group, k.gated_on_tiles, None), k.max_rows
@@ -79,13 +86,15 @@ class NativeDecoderStack:
         self.max_rows = 0
         self.cache = None           # the first layer's KV cache the stack was built with (rebound: rebuilt)
         self.unavailable = False    # some layer can never take the native loop: stop asking
+        # the kernels of the engine that builds this model (a later engine in the process may select others)
+        self.namespace = _kernel_namespace() if device_type() == "cpu" else None
 
     def _build(self) -> None:
         m = self.model
         layers = [m.layers[i] for i in m.stage]
         # (the layers first: on a GPU they never fit, and asking for the class would build the CPU kernels)
         if m.norm is None or not m.norm.native or not layers or len(layers) != len(m.layers) \
-                or not all(_layer_fits(layer) for layer in layers) or (cls := _stack_class()) is None:
+                or not all(_layer_fits(layer) for layer in layers) or (cls := _stack_class(self.namespace)) is None:
             self.unavailable = True
             return
         attns = [layer.self_attn for layer in layers]

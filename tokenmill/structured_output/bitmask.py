@@ -23,15 +23,21 @@ def apply_token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask:
 
 @functools.lru_cache(maxsize=1)
 def _native() -> bool:
-    from tokenmill.kernels.build import load_cpu_kernels
+    import tokenmill.kernels as kernels  # not at import: the API process never builds the kernels
 
-    return load_cpu_kernels() and hasattr(torch.ops.tokenmill, "apply_token_bitmask")
+    return kernels.has_op("apply_token_bitmask")
+
+
+def _ops():
+    import tokenmill.kernels as kernels
+
+    return kernels.ops()
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     """-inf, in place, at every token the row's mask forbids; logits row rows[i] takes mask row i."""
     if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() == 2
             and logits.stride(1) == 1 and _native()):
-        torch.ops.tokenmill.apply_token_bitmask(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())
+        _ops().apply_token_bitmask(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())
     else:
         apply_token_bitmask_torch(logits, rows, bitmask)

@@ -16,7 +16,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.distributed.comm import take_collective_seconds
 from tokenmill.distributed.parallel_state import destroy_distributed, init_distributed, output_rank
-from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory
+from tokenmill.platform import bind_cpu_threads, device_type, keep_freed_memory, select_cpu_kernels
 from tokenmill.utils import init_logger
 
 logger = init_logger(__name__)
@@ -33,6 +33,7 @@ class Worker:
         if device == "cpu":
             if cpus is not None and hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, cpus)   # a spawned rank starts with its parent's (pinned) thread's set
+            logger.info("rank %d CPU kernels: %s", rank, select_cpu_kernels(config.cpu_isa))
             logger.info("rank %d intra-op threads: %s", rank, bind_cpu_threads(config.cpu_bind, cpus))
             keep_freed_memory()
         if device == "cuda":

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <algorithm>
@@ -178,10 +179,10 @@ void amx_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor
 }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("amx_prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, float scale, int context, "
         "bool causal=True, Tensor(b!)? lse=None) -> ()");
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("amx_prefill_attention", &amx_prefill_attention); }
+TM_LIBRARY_IMPL(CPU, m) { m.impl("amx_prefill_attention", &amx_prefill_attention); }
 
 #endif

@@ -18,12 +18,15 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
+#include "ops_library.h"
 
 #include <vector>
 
 #include "native_ops.h"
+#include "simd8.h"
 
-#if defined(__AVX512BF16__)
+// The AVX-512 BF16 kernels, or the portable ones (portable_ops.cpp: AVX2, NEON) under the same names.
+#if defined(__AVX512BF16__) || defined(TM_SIMD8)
 
 namespace {
 
@@ -67,11 +70,7 @@ struct StackLinear {
     }
     if (rows > small_max_rows) return tiles(x, false);
     if (!quantized) return tokenmill_native::tiled_skinny_gemm(x, w, bias, n);
-#if defined(__AVX512VNNI__)
-    return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);
-#else
-    TORCH_CHECK(false, "decoder stack: quantized linears need AVX-512 VNNI");
-#endif
+    return tokenmill_native::quant_gemm(x, w, scale, min, bias, bits, group, n);  // VNNI, or portable_ops.cpp's
   }
 };
 
@@ -273,7 +272,7 @@ struct DecoderStack : torch::CustomClassHolder {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.class_<DecoderStack>("DecoderStack")
       .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_layer", &DecoderStack::add_layer)

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <cmath>
@@ -281,7 +282,7 @@ void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& position
 }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor w, float eps) -> ()");
   m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor w, float eps) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
@@ -291,7 +292,7 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -120,11 +121,11 @@ void lora_sgmv(at::Tensor y, const at::Tensor& x, const at::Tensor& a, const at:
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("lora_sgmv(Tensor(a!) y, Tensor x, Tensor a, Tensor b_t, Tensor order, Tensor seg, int[] offsets, "
         "int rank) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("lora_sgmv", &lora_sgmv); }
+TM_LIBRARY_IMPL(CPU, m) { m.impl("lora_sgmv", &lora_sgmv); }
 
 #endif

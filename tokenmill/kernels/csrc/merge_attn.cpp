@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <algorithm>
@@ -67,8 +68,8 @@ void merge_attn_states(at::Tensor out, const at::Tensor& lse_tail, const at::Ten
 }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("merge_attn_states(Tensor(a!) out, Tensor lse_tail, Tensor prefix_out, Tensor prefix_lse, "
         "Tensor token_index) -> ()");
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("merge_attn_states", &merge_attn_states); }
+TM_LIBRARY_IMPL(CPU, m) { m.impl("merge_attn_states", &merge_attn_states); }

@@ -1,6 +1,6 @@
 // The kernels that decoder_stack.cpp calls directly, with no Python and no dispatcher in between. Each is
 // defined beside its op, in its own file, under the same CPU-feature guard as the op: a caller keeps to
-// those guards too.
+// those guards too. Where a build has no AVX-512 BF16 / VNNI, portable_ops.cpp defines the same names.
 #pragma once
 
 #include <ATen/ATen.h>

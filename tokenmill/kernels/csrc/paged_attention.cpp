@@ -12,6 +12,7 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <algorithm>
@@ -672,10 +673,10 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor query_start_loc, Tensor rows, float scale, int start_block=0, "
         "Tensor(b!)? lse=None, float k_scale=1.0, float v_scale=1.0, int window=0, bool amx=True) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TM_LIBRARY_IMPL(CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <cmath>
@@ -213,10 +214,10 @@ void prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k,
 }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, float scale, int context, "
         "bool causal=True, Tensor(b!)? lse=None) -> ()");
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("prefill_attention", &prefill_attention); }
+TM_LIBRARY_IMPL(CPU, m) { m.impl("prefill_attention", &prefill_attention); }
 
 #endif

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <algorithm>
@@ -298,7 +299,7 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor
 }  // namespace tokenmill_native
 #endif
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
 #if defined(__AVX512VNNI__)
   m.def("quant_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, "
         "int n) -> Tensor");
@@ -306,7 +307,7 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("quant_dequantize_t(Tensor q, Tensor scale, Tensor? min, int bits, int group, int n, int k, int b0, "
         "int b1) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CPU, m) {
 #if defined(__AVX512VNNI__)
   m.impl("quant_gemm", &quant_gemm);
 #endif

@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <cstdint>
@@ -162,7 +163,7 @@ at::Tensor quant_amx_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
 #endif
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("quant_vec_gemm(Tensor x, Tensor q, Tensor scale, Tensor? min, Tensor? bias, int bits, int group, int n, "
         "bool gated=False) -> Tensor");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -170,7 +171,7 @@ TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
         "bool gated=False) -> Tensor");
 #endif
 }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CPU, m) {
   m.impl("quant_vec_gemm", &quant_vec_gemm);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   m.impl("quant_amx_gemm", &quant_amx_gemm);

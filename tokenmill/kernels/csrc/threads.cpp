@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 
 #include <sched.h>
 
@@ -33,7 +34,7 @@ void bind_threads(const std::vector<int64_t>& cpus) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) { m.def("bind_threads(int[] cpus) -> ()"); }
-TORCH_LIBRARY_IMPL(tokenmill, CatchAll, m) { m.impl("bind_threads", &bind_threads); }
+TM_LIBRARY_FRAGMENT(m) { m.def("bind_threads(int[] cpus) -> ()"); }
+TM_LIBRARY_IMPL(CatchAll, m) { m.impl("bind_threads", &bind_threads); }
 
 #endif

@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 #include "native_ops.h"
 
 #include <algorithm>
@@ -224,15 +225,15 @@ at::Tensor vec_gemm(const at::Tensor& x, const at::Tensor& packed, const c10::op
 bool amx_permitted() { return ::amx_available(); }
 }  // namespace tokenmill_native
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("amx_available() -> bool");
   m.def("pack_tiles(Tensor w) -> Tensor");
   m.def("tiled_skinny_gemm(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   m.def("amx_gemm(Tensor x, Tensor packed, Tensor? bias, int n, bool gated=False) -> Tensor");
   m.def("vec_gemm(Tensor x, Tensor packed, Tensor? bias, int n, bool gated=False) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(tokenmill, CatchAll, m) { m.impl("amx_available", &amx_available); }
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CatchAll, m) { m.impl("amx_available", &amx_available); }
+TM_LIBRARY_IMPL(CPU, m) {
   m.impl("pack_tiles", &pack_tiles);
   m.impl("tiled_skinny_gemm", &tiled_skinny_gemm);
   m.impl("amx_gemm", &amx_gemm);

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 
 #include <cstdint>
 #include <cstring>
@@ -53,10 +54,10 @@ void apply_token_bitmask(at::Tensor& logits, const at::Tensor& rows, const at::T
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor rows, Tensor bitmask) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CPU, m) {
   m.impl("apply_token_bitmask", &apply_token_bitmask);
 }

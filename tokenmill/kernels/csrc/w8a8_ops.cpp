@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "ops_library.h"
 
 #include <algorithm>
 #include <cmath>
@@ -148,12 +149,12 @@ at::Tensor w8a8_scale_rows(const at::Tensor& acc_in, const at::Tensor& sx, const
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+TM_LIBRARY_FRAGMENT(m) {
   m.def("w8a8_quantize_rows(Tensor x) -> (Tensor, Tensor)");
   m.def("w8a8_scale_rows(Tensor acc, Tensor sx, Tensor sw, Tensor? bias, ScalarType dtype) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+TM_LIBRARY_IMPL(CPU, m) {
   m.impl("w8a8_quantize_rows", &w8a8_quantize_rows);
   m.impl("w8a8_scale_rows", &w8a8_scale_rows);
 }

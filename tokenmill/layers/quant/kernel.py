@@ -74,8 +74,10 @@ class QuantLinearKernel:
         self.amx = self.native and kernels.amx_available()
         self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS_VEC[self.bits]
         self.max_rows = QUANT_AMX_MAX_ROWS if self.amx else kernels.ANY_ROWS  # the most rows a native kernel takes
-        self.tile_gemm = torch.ops.tokenmill.quant_amx_gemm if self.amx else (
-            torch.ops.tokenmill.quant_vec_gemm if self.native else None)
+        ops = kernels.ops() if self.native else None
+        self.tile_gemm = ops.quant_amx_gemm if self.amx else (ops.quant_vec_gemm if self.native else None)
+        self.small_gemm = ops.quant_gemm if self.native else None
+        self.dequantize_t = ops.quant_dequantize_t if self.native else None
         self.gated_on_tiles = self.native and self.out_features % (2 * _BLOCK) == 0  # gate and up whole blocks
 
     @property
@@ -91,7 +93,7 @@ class QuantLinearKernel:
             return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
         rows = x.shape[0]
         if rows <= self.vnni_max_rows:
-            return torch.ops.tokenmill.quant_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
+            return self.small_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits,
                                                   self.group, self.out_features)
         if rows <= self.max_rows:
             return self.tile_gemm(x, self.q, self.scale, self.min, self.bias_f32, self.bits, self.group,
@@ -110,7 +112,7 @@ class QuantLinearKernel:
         x = x.contiguous()
         parts = []
         for b0, b1 in self.chunks:
-            w_t = torch.ops.tokenmill.quant_dequantize_t(self.q, self.scale, self.min, self.bits, self.group,
+            w_t = self.dequantize_t(self.q, self.scale, self.min, self.bits, self.group,
                                                           self.out_features, self.in_features, b0, b1)
             if self.bias is None:
                 parts.append(torch.mm(x, w_t))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+import tokenmill.kernels as kernels
 from tokenmill.layers.quant.kernel import QuantLinearKernel
 from tokenmill.layers.quant.tensor import QuantizedWeight
 from tokenmill.utils import init_logger
@@ -52,9 +53,9 @@ class W8A8Kernel(QuantLinearKernel):
             return super().__call__(x)
         x2 = x.reshape(rows, x.shape[-1])
         if native_ops() and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32):
-            xq, sx = torch.ops.tokenmill.w8a8_quantize_rows(x2)
-            y = torch.ops.tokenmill.w8a8_scale_rows(torch._int_mm(xq, self.w_t), sx, self.w_scale, self.bias_out,
-                                                    x.dtype)
+            ops = kernels.ops()
+            xq, sx = ops.w8a8_quantize_rows(x2)
+            y = ops.w8a8_scale_rows(torch._int_mm(xq, self.w_t), sx, self.w_scale, self.bias_out, x.dtype)
             return y.reshape(*x.shape[:-1], self.out_features)
         xq, sx = quantize_per_token(x2)
         y = torch._int_mm(xq, self.w_t).to(torch.float32).mul_(self.w_scale).mul_(sx)
@@ -71,9 +72,7 @@ USE_NATIVE_OPS = True   # (tests turn it off to check the torch path against the
 
 def native_ops() -> bool:
     """Whether the one-pass quantize and scale kernels (kernels/csrc/w8a8_ops.cpp) were built."""
-    from tokenmill.kernels.build import load_cpu_kernels
-
-    return USE_NATIVE_OPS and load_cpu_kernels() and hasattr(torch.ops.tokenmill, "w8a8_scale_rows")
+    return USE_NATIVE_OPS and kernels.has_op("w8a8_scale_rows")
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
