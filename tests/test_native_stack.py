@@ -9,9 +9,9 @@ import pytest
 
 import tokenmill.kernels as kernels
 from tokenmill import LLM, SamplingParams
-from tokenmill.model.native_stack import NativeDecoderStack, _stack_class
+from tokenmill.model.native_stack import NativeDecoderStack, _kernel_namespace, _stack_class
 
-pytestmark = pytest.mark.skipif(_stack_class() is None,
+pytestmark = pytest.mark.skipif(_stack_class(_kernel_namespace()) is None,
                                 reason="the native decoder stack needs the AVX-512 BF16 kernels")
 
 # prompts of different lengths (so decode steps mix sequence lengths), one with a repeated pattern for n-gram drafts
