@@ -14,6 +14,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not torch.cuda.is_available():   # the Triton kernels (kernels/gpu) run on CPU tensors in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 if "TOKENMILL_CACHE_DIR" not in os.environ:   # the start cache of this run only (servers started by tests share it)
     os.environ["TOKENMILL_CACHE_DIR"] = tempfile.mkdtemp(prefix="tokenmill-test-cache-")
     atexit.register(shutil.rmtree, os.environ["TOKENMILL_CACHE_DIR"], True)

@@ -16,6 +16,8 @@ from tokenmill.attention.registry import get_backend as _get_backend
 def get_backend(name: str, device: str):
     """A registered backend; "cpu_avx512" is the CPU backend with its bf16 decode scores kept off AMX (the path of
     CPUs without it, tested on every CPU)."""
+    if name == "triton":
+        pytest.importorskip("triton")
     if name != "cpu_avx512":
         return _get_backend(name, device)
     backend = _get_backend("cpu", device)
@@ -67,7 +69,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu", "triton"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("block_size, hq, hkv", [(16, 9, 3), (8, 4, 4), (32, 8, 2)])
 def test_backend_matches_reference(backend, case, block_size, hq, hkv):
@@ -78,7 +80,7 @@ def test_backend_matches_reference(backend, case, block_size, hq, hkv):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu", "cpu_avx512"])
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu", "cpu_avx512", "triton"])
 def test_backend_bf16_close_to_reference(backend):
     q, k, v, cache, md = _case([1, 9, 1, 40, 1], [30, 7, 70, 0, 2000], 16, 9, 3, 64, torch.bfloat16)
     ref = get_backend("torch_ref", "cpu").forward(q, k, v, cache, md, 0.125)
@@ -100,7 +102,7 @@ def test_prompts_whose_k_and_v_have_different_strides(backend):
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu"])
+@pytest.mark.parametrize("backend", ["torch_sdpa", "cpu", "triton"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("block_size, hq, hkv, d", [(16, 9, 3, 64), (8, 4, 4, 64), (16, 4, 2, 32)])
 @pytest.mark.parametrize("window", [1, 5, 16, 37])

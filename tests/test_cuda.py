@@ -92,9 +92,31 @@ def test_quantized_weights_on_the_gpu_match_the_dequantized_model(family, method
     folder = tiny_model_dir(family)
     prompts = _prompts([4, 41])
     llm = _on_gpu(LLM(str(folder), dtype="float32", quantization=method, kv_cache_memory="32MiB"))
+    from tokenmill.layers.quant.kernel import QuantLinearKernel
+
+    kernels = [v for m in llm.engine_core.executor.runner.model.modules() for v in vars(m).values()
+               if isinstance(v, QuantLinearKernel)]
+    assert kernels and all(k.gpu is not None and k.weight is None for k in kernels)   # kept quantized on the GPU
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     _quantize_hf_model(hf, method, 32)
     _assert_matches_hf(hf, prompts, _greedy(llm, prompts))
+
+
+def test_decode_steps_replay_cuda_graphs_on_the_triton_backend(tiny_model_dir):
+    """The GPU's default engine: Triton decode attention, decode steps from CUDA graphs (five rows replay the
+    size 8, padded), token for token with transformers; --enforce-eager runs without graphs."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_dir("llama")
+    prompts = _prompts([3, 17, 40, 71, 5])
+    llm = _on_gpu(LLM(str(folder), dtype="float32", kv_cache_memory="32MiB"))
+    runner = llm.engine_core.executor.runner
+    assert runner.model.attention_layers()[0].backend.name == "triton" and runner.graphs is not None
+    ours = _greedy(llm, prompts)
+    assert runner.graphs.replays > 0
+    _assert_matches_hf(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), prompts, ours)
+    eager = _on_gpu(LLM(str(folder), dtype="float32", kv_cache_memory="32MiB", enforce_eager=True))
+    assert eager.engine_core.executor.runner.graphs is None
 
 
 def test_ngram_speculation_on_the_gpu_is_lossless(tiny_model_dir):

@@ -168,9 +168,12 @@ class EngineArgs:
     max_loras: int = _arg(1, "Adapters that one engine step can run (their weights are stacked in slots).")
     max_lora_rank: int = _arg(16, "Largest adapter rank accepted; every slot is this wide.")
     max_cpu_loras: int | None = _arg(None, "Adapters kept loaded in memory, in slots or not (default: max_loras).")
-    enforce_eager: bool = _arg(False, "Run every step through the Python layers: no native decoder stack (the "
-                                      "CPU's counterpart of a CUDA graph, which decode and prompt steps otherwise "
-                                      "run as one native call).")
+    enforce_eager: bool = _arg(False, "Run every step through the Python layers: no native decoder stack on the "
+                                      "CPU (which decode and prompt steps otherwise run as one native call), no "
+                                      "CUDA graphs on a GPU.")
+    cuda_graph_sizes: str | None = _arg(None, "Decode batch sizes captured as CUDA graphs on a GPU, like '1,2,4,8' "
+                                              "(a step of n rows replays the smallest size >= n). Default: 1, 2, 4 "
+                                              "and every 8 up to --max-num-seqs (at most 512).")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -368,6 +371,7 @@ class EngineConfig:
     attention_backend: str | None = None
     cpu_bind: str = "auto"
     cpu_isa: str = "auto"               # the kernel set the engine selects (kernels.use_cpu_isa)
+    cuda_graph_sizes: tuple[int, ...] = ()   # decode batch sizes a GPU replays from CUDA graphs (): eager
     speculative_config: Any = None      # spec_decode.config.SpeculativeConfig
     draft_model_config: ModelConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

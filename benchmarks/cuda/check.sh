@@ -46,6 +46,9 @@ PY
         --output-json "$OUT/w1.json" 2>&1 | tail -6
     timeout 120 $TM latency --workload W2 --model $MODEL --kv-cache-memory 1GiB --num-iters 2 \
         --output-json "$OUT/w2.json" 2>&1 | tail -8
+    # the same W2 without CUDA graphs (eager forward, Triton attention): what the graphs are worth
+    timeout 120 $TM latency --workload W2 --model $MODEL --kv-cache-memory 1GiB --num-iters 2 --enforce-eager \
+        --output-json "$OUT/w2_eager.json" 2>&1 | tail -8
     for w in ${PROFILE:-W1 W2}; do   # where a step's time goes (the forward's kernels run on while the host moves on)
         timeout 150 $TM throughput --workload $w --model $MODEL --kv-cache-memory 4GiB --disable-tqdm --profile \
             2>&1 | tail -14

@@ -9,11 +9,16 @@ logger = init_logger(__name__)
 
 
 def available_backends() -> list[str]:
-    return ["cpu", "torch_sdpa", "torch_ref"]
+    return ["cpu", "triton", "torch_sdpa", "torch_ref"]
 
 
 def default_backend_name(device: str) -> str:
-    return "cpu" if device == "cpu" else "torch_sdpa"
+    """The CPU's native kernels; on a GPU the Triton decode kernel where Triton is installed."""
+    if device == "cpu":
+        return "cpu"
+    from tokenmill.kernels.gpu import available
+
+    return "triton" if available(device) else "torch_sdpa"
 
 
 def get_backend(name: str | None, device: str) -> AttentionBackend:
@@ -34,6 +39,15 @@ def get_backend(name: str | None, device: str) -> AttentionBackend:
                 raise
             logger.warning("falling back to the torch_sdpa attention backend")
             name = "torch_sdpa"
+    if name == "triton":
+        from tokenmill.kernels.gpu import available
+
+        if not available(device):
+            raise ValueError("attention_backend 'triton' needs Triton (pip install triton) and a CUDA device, or "
+                             "TRITON_INTERPRET=1 on the CPU")
+        from tokenmill.attention.triton_backend import TritonBackend
+
+        return TritonBackend()
     if name == "torch_ref":
         from tokenmill.attention.torch_ref import TorchRefBackend
 

@@ -58,18 +58,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     max_model_len = _resolve_max_model_len(args, model_config, cache_config)
     if spec is not None:
         check_against_max_model_len(spec, max_model_len)
-    if args.max_num_batched_tokens < 1:
-        raise ValueError(f"max_num_batched_tokens must be at least 1, got {args.max_num_batched_tokens}")
-    if args.max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be at least 1, got {args.max_num_seqs}")
-    if args.long_prefill_token_threshold < 0:
-        raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got "
-                         f"{args.long_prefill_token_threshold}")
-    prompt_cap = args.prefill_tokens_while_decoding or 0
-    if prompt_cap < 0:
-        raise ValueError(f"prefill_tokens_while_decoding must be 0 (no cap) or positive, got {prompt_cap}")
-    if args.max_queue_time is not None and args.max_queue_time <= 0:
-        raise ValueError(f"max_queue_time must be positive, got {args.max_queue_time}")
+    prompt_cap = _checked_scheduler_limits(args)
     batched = args.max_num_batched_tokens
     if not args.enable_chunked_prefill:
         batched = max(batched, max_model_len)
@@ -91,9 +80,49 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                        attention_backend=args.attention_backend, cpu_bind=args.cpu_bind, cpu_isa=args.cpu_isa,
                        speculative_config=spec, draft_model_config=draft, parallel_config=parallel,
                        kv_transfer_config=kv_transfer, pooler=_pooler(args.pooler, model_config), lora_config=lora,
-                       mm_config=mm, media=media_options(args), cross_config=cross)
+                       mm_config=mm, media=media_options(args), cross_config=cross,
+                       cuda_graph_sizes=() if args.enforce_eager else capture_sizes(args.cuda_graph_sizes,
+                                                                                    args.max_num_seqs))
     cfg.log_summary()
     return cfg
+
+
+def _checked_scheduler_limits(args: EngineArgs) -> int:
+    """The step and queue limits, each a ValueError naming its field when out of range; returns the prompt
+    tokens' cap while decoding (0: none)."""
+    if args.max_num_batched_tokens < 1:
+        raise ValueError(f"max_num_batched_tokens must be at least 1, got {args.max_num_batched_tokens}")
+    if args.max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be at least 1, got {args.max_num_seqs}")
+    if args.long_prefill_token_threshold < 0:
+        raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got "
+                         f"{args.long_prefill_token_threshold}")
+    prompt_cap = args.prefill_tokens_while_decoding or 0
+    if prompt_cap < 0:
+        raise ValueError(f"prefill_tokens_while_decoding must be 0 (no cap) or positive, got {prompt_cap}")
+    if args.max_queue_time is not None and args.max_queue_time <= 0:
+        raise ValueError(f"max_queue_time must be positive, got {args.max_queue_time}")
+    return prompt_cap
+
+
+# vLLM's default CUDA graph capture sizes: 1, 2, 4, then every 8 up to 512 (cut at --max-num-seqs)
+DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, *range(8, 513, 8))
+
+
+def capture_sizes(spec: str | list[int] | tuple[int, ...] | None, max_num_seqs: int) -> tuple[int, ...]:
+    """--cuda-graph-sizes ("1,2,4,8", a list, or None for the defaults) as sorted sizes, none above
+    max_num_seqs (a larger one asked for becomes max_num_seqs: a full batch is then captured)."""
+    if spec is None:
+        top = min(max_num_seqs, DEFAULT_CUDA_GRAPH_SIZES[-1])
+        return tuple(sorted({s for s in DEFAULT_CUDA_GRAPH_SIZES if s < top} | {top}))
+    parts = spec.replace(" ", ",").split(",") if isinstance(spec, str) else list(spec)
+    try:
+        sizes = [int(p) for p in parts if str(p).strip()]
+    except ValueError:
+        raise ValueError(f"cuda_graph_sizes must be batch sizes like '1,2,4,8', got {spec!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {spec!r}")
+    return tuple(sorted({min(s, max_num_seqs) for s in sizes}))
 
 
 def _pooler(pooler: str | None, model_config) -> str | None:

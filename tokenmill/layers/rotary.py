@@ -56,10 +56,16 @@ class RotaryEmbedding(torch.nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Looked up once per step: every layer shares this module's tables and the step's positions."""
-        if self._key is not positions or self._cos_sin[0].dtype != dtype:
+        if self._key is not positions or self._cos_sin is None or self._cos_sin[0].dtype != dtype:
             self._key = positions
             self._cos_sin = (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
         return self._cos_sin
+
+    def new_step(self) -> None:
+        """Forget the last step's lookup: the model calls this at the start of each forward, so the lookup is
+        made in every forward, also where two steps pass the same positions tensor (a CUDA graph's static
+        buffer, whose recorded forward must contain the lookup)."""
+        self._key = self._cos_sin = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D]."""

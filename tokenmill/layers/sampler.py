@@ -98,6 +98,11 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if logits.is_cuda and md.top_k is None and md.top_p is None and md.min_p is None and _fused_on_gpu():
+            from tokenmill.kernels.gpu.sampling import sample_with_temperature
+
+            temp = torch.where(md.temperature < _EPS, torch.ones_like(md.temperature), md.temperature)
+            return sample_with_temperature(logits, temp, self.uniforms(logits.shape[0], md.generators, logits.device))
         return self.draw(self.probs(logits, md), md.generators)
 
     @staticmethod
@@ -115,17 +120,29 @@ class Sampler:
             probs = probs.masked_fill(probs < md.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
         return probs
 
+    def uniforms(self, rows: int, generators: dict[int, torch.Generator] | None, device) -> torch.Tensor:
+        """A row's u: from the request's own generator where it has a seed, else the engine's."""
+        u = torch.rand(rows, generator=self.default_generator, device=device)
+        for row, gen in (generators or {}).items():
+            u[row] = torch.rand(1, generator=gen, device=device)[0]
+        return u
+
     def draw(self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
         """One draw per row from `probs` (any non-negative weights): the first token whose running sum passes
         u times the row's sum, u uniform in [0, 1), kept below the sum when rounding would reach it. A token of
         zero weight never passes (its running sum is the one before it)."""
-        u = torch.rand(probs.shape[0], generator=self.default_generator, device=probs.device)
-        for row, gen in (generators or {}).items():
-            u[row] = torch.rand(1, generator=gen, device=probs.device)[0]
+        u = self.uniforms(probs.shape[0], generators, probs.device)
         cdf = probs.float().cumsum(dim=-1)
         total = cdf[:, -1:]
         target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
         return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+
+
+def _fused_on_gpu() -> bool:
+    """Temperature-only rows on a GPU draw in one Triton kernel (kernels/gpu/sampling.py) where Triton is."""
+    from tokenmill.kernels import gpu
+
+    return gpu.available("cuda")
 
 
 def forbid_stop_tokens(logits: torch.Tensor, stop_token_mask: list[tuple[int, list[int]]],

@@ -59,6 +59,7 @@ class LlamaModel(nn.Module):
         """Hidden states after the final norm; on a pipeline stage before the last, the (x, residual) pair that
         the next stage continues from (`intermediate` is what a later stage received). `inputs_embeds` replaces
         the embedding of input_ids (a vision model's image embeddings are in it)."""
+        self.rotary.new_step()
         if intermediate is None and self.native_stack is not None:
             out = (self.native_stack.forward(input_ids, positions, md) if inputs_embeds is None else
                    self.native_stack.forward(input_ids, positions, md, inputs_embeds=inputs_embeds))

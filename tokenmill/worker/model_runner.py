@@ -28,6 +28,7 @@ from tokenmill.structured_output.manager import GrammarBitmask
 from tokenmill.utils import format_bytes, init_logger
 from tokenmill.worker.input_batch import CachedRequestState
 from tokenmill.worker.pooling import pool_outputs
+from tokenmill.worker.prompt_logprobs import add_prompt_logprobs, prompt_logprob_rows
 from tokenmill.worker.sampling_inputs import sampling_metadata
 from tokenmill.worker.varlen_batch import varlen_batch
 
@@ -69,6 +70,7 @@ class ModelRunner:
         self.encoder = None      # the encoder stage: worker/encoder_runner.py (vision), cross_attention_runner.py
         self.logits_rules = None   # a model's own decoding rules on the logits (Whisper's: worker/whisper_rules.py)
         self.speculation_enabled = True   # bench spec turns it off to measure the same engine without drafts
+        self.graphs = None       # decode steps replayed from CUDA graphs (worker/cuda_graphs.py)
         spec = config.speculative_config
         self.disable_spec_above = spec.disable_by_batch_size if spec is not None else None
 
@@ -116,6 +118,16 @@ class ModelRunner:
             from tokenmill.worker.kv_offload_store import KVOffloadStore
 
             self.kv_offload = KVOffloadStore(self.kv_caches, c.offload_dir)
+        if self.device == "cuda" and self.config.cuda_graph_sizes:
+            self.enable_decode_graphs()
+
+    def enable_decode_graphs(self, api=None) -> bool:
+        """Decode steps replay CUDA graphs from now on, where this engine's step can be captured at all (see
+        worker/cuda_graphs.py); `api`: the graph calls (a stand-in on the CPU in tests)."""
+        from tokenmill.worker.cuda_graphs import decode_graphs_for
+
+        self.graphs = decode_graphs_for(self, api)
+        return self.graphs is not None
 
     def prefault_kv(self, first_block: int, end_block: int) -> bool:
         """Write zeros (what they hold) over blocks [first_block, end_block) of every layer's cache: the CPU
@@ -244,7 +256,7 @@ class ModelRunner:
             if inp.inputs_embeds is not None:
                 hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, inputs_embeds=inp.inputs_embeds)
             elif inp.micro_batches is None:
-                hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata)
+                hidden = self._forward(inp)
             else:
                 hidden = self._pipeline_forward(inp)
             if self.lora_manager is not None:
@@ -260,7 +272,7 @@ class ModelRunner:
         sampled: list[list[int]] = [[] for _ in inp.req_ids]
         result = ModelRunnerOutput(inp.req_ids, sampled, encoder_seconds=encoder_seconds)
         with self.profile.phase("sample"):
-            self._prompt_logprobs(inp, hidden, result)
+            add_prompt_logprobs(self.model, inp, self.requests, hidden, result, self.device)
             pool_outputs(self.model, self.requests, inp.req_ids, inp.attn_metadata, hidden, result)
             if any(inp.draft_ids):
                 self._verify(inp, hidden, result)
@@ -276,6 +288,12 @@ class ModelRunner:
                     self._propose(inp, result)
         self.profile.model_done()
         return result
+
+    def _forward(self, inp: StepInputs) -> torch.Tensor:
+        g, md = self.graphs, inp.attn_metadata
+        if g is not None and g.takes(md, len(inp.input_ids)):
+            return g.run(inp.input_ids, inp.positions, md)
+        return self.model(inp.input_ids, inp.positions, md)
 
     def _pipeline_forward(self, inp: StepInputs) -> torch.Tensor | None:
         """This stage's layers over each micro-batch in turn: received from the stage before (unless first), sent
@@ -364,38 +382,8 @@ class ModelRunner:
     def _follow_logits(self, inp: StepInputs, hidden: torch.Tensor) -> None:
         """A tensor-parallel rank that does not sample still computes its vocabulary slice of every logits row
         the first rank asks for, in the same order (they are gathered there)."""
-        for _, _, idx, _ in self._prompt_logprob_rows(inp):
+        for _, _, idx, _ in prompt_logprob_rows(inp, self.requests, self.device):
             if idx is not None:
                 self.model.compute_logits(hidden[idx])
         if inp.sampling_rows:
             self.model.compute_logits(hidden[self._on_device(inp.logits_indices)])
-
-    def _prompt_logprob_rows(self, inp: StepInputs):
-        """(request, state, token rows, first position) for each request that asked for prompt logprobs and has
-        some this step (rows None: nothing left to score); marks the requests whose prompt is then done."""
-        qsl, seq_lens = inp.attn_metadata.query_start_loc_np, inp.attn_metadata.seq_lens_np
-        for row, rid in enumerate(inp.req_ids):
-            state = self.requests[rid]
-            if state.sampling_params.prompt_logprobs is None or state.prompt_logprobs_sent:
-                continue
-            first_pos = int(seq_lens[row] - (qsl[row + 1] - qsl[row]))
-            last_pos = min(int(seq_lens[row]), state.num_prompt_tokens - 1)   # positions scoring a prompt token
-            if last_pos >= state.num_prompt_tokens - 1 or last_pos <= first_pos:
-                state.prompt_logprobs_sent = True
-            idx = (torch.arange(int(qsl[row]), int(qsl[row]) + last_pos - first_pos, device=self.device)
-                   if last_pos > first_pos else None)
-            yield rid, state, idx, first_pos
-
-    def _prompt_logprobs(self, inp: StepInputs, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
-        """For requests that asked for prompt logprobs: each scheduled prompt position scores the next prompt
-        token. Position 0 has no logprob; the output side adds that None."""
-        for rid, state, idx, first_pos in self._prompt_logprob_rows(inp):
-            if idx is None:
-                result.prompt_logprobs[rid] = ([], [], [])
-                continue
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[idx]).float(), dim=-1)
-            targets = self._on_device(state.token_buf[first_pos + 1: first_pos + 1 + len(idx)].copy())
-            out = SamplerOutput(targets)
-            gather_logprobs(logprobs, targets, state.sampling_params.prompt_logprobs, out)
-            result.prompt_logprobs[rid] = (out.logprob_token_ids.tolist(), out.logprobs.tolist(),
-                                           out.sampled_ranks.tolist())

@@ -46,13 +46,20 @@ def pack_for_kernels(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, t
     return q, groups(qw.scale), groups(qw.min)
 
 
+def _gpu_kernel_takes(qw: QuantizedWeight, device: torch.device | str) -> bool:
+    from tokenmill.kernels import gpu
+
+    return (torch.device(device).type == "cuda" and gpu.available("cuda") and qw.group % gpu.QUANT_BLOCK_K == 0
+            and qw.q.shape[1] % gpu.QUANT_BLOCK_K == 0)
+
+
 class QuantLinearKernel:
     """y = x @ dequant(w)^T + b. Native (bf16 activations, 16-output blocks, groups of 32k): small batches on
     the VNNI kernel, which reads the packed bytes once per call; larger ones on the tile matmul over dequantized
     panels (AMX up to QUANT_AMX_MAX_ROWS, then w^T dequantized a cache-sized piece at a time for oneDNN's bf16
     matmul; without AMX the vector matmul at any size). Elsewhere (fp32, odd shapes, no kernels) the weight is
-    kept dequantized in the model dtype and F.linear runs: the reference path, and the one on CUDA (which has no
-    kernel here yet: its weights then take bf16's memory)."""
+    kept dequantized in the model dtype and F.linear runs: the reference path. On a GPU with Triton the weight
+    stays quantized there and the Triton matmul dequantizes it a tile at a time."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
@@ -69,7 +76,13 @@ class QuantLinearKernel:
             blocks = self.out_features // _BLOCK
             step = rows // _BLOCK
             self.chunks = [(b, min(b + step, blocks)) for b in range(0, blocks, step)]
-        else:
+        self.gpu = None   # on a GPU with Triton: the weight kept quantized there (kernels/gpu/quant_matmul.py)
+        if not self.native and _gpu_kernel_takes(qw, device):
+            from tokenmill.kernels.gpu.quant_matmul import GpuQuantWeight
+
+            self.gpu, self.weight = GpuQuantWeight.pack(qw, device), None
+            self.bias = None if self.bias is None else self.bias.to(device)
+        elif not self.native:
             self.weight = qw.dequantize().to(device, dtype)
         self.amx = self.native and kernels.amx_available()
         self.vnni_max_rows = VNNI_MAX_ROWS_AMX if self.amx else VNNI_MAX_ROWS_VEC[self.bits]
@@ -82,11 +95,16 @@ class QuantLinearKernel:
 
     @property
     def nbytes(self) -> int:
+        if self.gpu is not None:
+            return self.gpu.nbytes
         if not self.native:
             return self.weight.numel() * self.weight.element_size()
         return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min) if t is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gpu is not None:
+            flat = x.reshape(-1, x.shape[-1])
+            return self.gpu.matmul(flat, self.bias).reshape(*x.shape[:-1], self.out_features)
         if not self.native:
             return F.linear(x, self.weight, self.bias)
         if x.dim() != 2:
