@@ -106,3 +106,36 @@ def test_an_engine_whose_step_cannot_be_captured_says_why(tiny_model_dir):
               kv_cache_memory="16MiB")
     runner = llm.engine_core.executor.runner
     assert not runner.enable_decode_graphs(ReplayingApi()) and runner.graphs is None
+
+
+def test_a_capture_that_fails_leaves_the_engine_eager(tiny_model_dir):
+    class FailingApi(ReplayingApi):
+        def capture(self, forward, pool):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    folder = str(tiny_model_dir("llama"))
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [11, 12, 13, 14]}]
+    eager = LLM(folder, dtype="float32", attention_backend="triton", kv_cache_memory="16MiB")
+    want = eager.generate(prompt, sp, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM(folder, dtype="float32", attention_backend="triton", kv_cache_memory="16MiB", cuda_graph_sizes="1")
+    runner = llm.engine_core.executor.runner
+    assert runner.enable_decode_graphs(FailingApi())
+    assert llm.generate(prompt, sp, use_tqdm=False)[0].outputs[0].token_ids == want
+    assert runner.graphs.replays == 0 and not runner.graphs.takes(_decode_md(), 1)
+
+
+def _decode_md():
+    import numpy as np
+
+    from tokenmill.attention.backend import AttentionMetadata
+
+    one = np.array([0, 1])
+    return AttentionMetadata(torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
+                             torch.from_numpy(one), torch.ones(1, dtype=torch.int64), one, np.ones(1, dtype=np.int64),
+                             1, 1)
+
+
+def test_mixture_of_experts_steps_stay_eager(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("mixtral")), dtype="float32", attention_backend="triton", kv_cache_memory="16MiB")
+    assert not llm.engine_core.executor.runner.enable_decode_graphs(ReplayingApi())

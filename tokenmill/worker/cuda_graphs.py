@@ -42,6 +42,10 @@ def why_not_capturable(runner) -> str | None:
         return "an encoder stage"
     if runner.proposer is not None and runner.proposer.observes:
         return "a proposer that reads the target's hidden states"
+    from tokenmill.model.moe import SparseMoeBlock
+
+    if any(isinstance(m, SparseMoeBlock) for m in runner.model.modules()):
+        return "mixture-of-experts layers group their tokens by expert on the host"
     return None
 
 
@@ -140,7 +144,12 @@ class DecodeGraphs:
         """The step's final hidden states ([rows, hidden], a tensor of its own), from the smallest captured size
         that holds its rows (captured on the first call)."""
         if not self.steps:
-            self.capture()
+            try:
+                self.capture()
+            except RuntimeError as e:   # a forward that reads the device on the host cannot be captured
+                logger.warning("CUDA graph capture failed (%s); decode steps run eagerly", e)
+                self.max_size = 0   # (takes() refuses every step from now on)
+                return self.model(input_ids, positions, md)
         n, width = len(input_ids), md.block_table.shape[1]
         step = self.steps[bisect.bisect_left(self.sizes, n)]
         self.input_ids[:n].copy_(input_ids)
