@@ -243,7 +243,7 @@ def test_bf16_and_int4_models_on_the_avx2_set(tiny_model_dir):
 
 # ---- the NEON build under qemu ----
 
-def _cases(ops, tmp: Path):
+def _cases(ops):
     """(kernel, args, inputs, what the torch op of the AVX2 set gives): one case of each portable kernel."""
     from tokenmill.layers.rotary import RotaryEmbedding
 
@@ -285,7 +285,7 @@ def _cases(ops, tmp: Path):
 def _run(binary: list[str], ops, tmp: Path) -> int:
     """Every case through the harness; each output must be the torch op's, bit for bit. Returns the count."""
     count = 0
-    for i, (kernel, args, inputs, want) in enumerate(_cases(ops, tmp)):
+    for i, (kernel, args, inputs, want) in enumerate(_cases(ops)):
         case = tmp / f"{kernel}{i}"
         case.mkdir()
         (case / "args.txt").write_text(" ".join(map(str, args)))

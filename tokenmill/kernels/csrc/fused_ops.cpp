@@ -24,6 +24,7 @@
 
 #include "bf16_rows.h"
 #include "vec_math.h"
+#include "rope_cache.h"
 
 namespace {
 
@@ -49,10 +50,7 @@ inline void norm_row(bf16* out, const bf16* x, bf16* residual, const bf16* w, in
   }
 }
 
-void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bf16");
-  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [T, D] with contiguous rows");
-}
+using tm_rope::check_rows;
 
 void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(out, "out");
@@ -120,7 +118,7 @@ inline void rope_head(bf16* out, const bf16* x, const float* cos, const float* s
 // Quantized cache values from 16 fp32 values already divided by their scale: saturated to the format's range and
 // rounded to nearest even. fp8 goes through fp16 (e5m2 is fp16's top byte; e4m3 is fp16 of x / 2^8 shifted down
 // by 7 bits), which handles the subnormals with no special case.
-enum class KvFormat { kBF16, kE4M3, kE5M2, kInt8 };
+using KvFormat = tm_rope::CacheFormat;
 
 inline __m128i round_fp16_down(__m256i h, int shift) {  // round-to-nearest-even drop of `shift` low bits
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi16(h, shift), _mm256_set1_epi16(1));
@@ -163,77 +161,16 @@ inline void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_sca
   }
 }
 
-// qkv: [T, (Hq + 2 Hkv) * D] from the fused projection. q_out: [T, Hq, D]. k (rotated) stays in qkv and is copied
-// with v into k_cache / v_cache [N, block_size, Hkv, D] at slot_mapping[t] (flat slot = block * block_size + i).
-template <KvFormat F>
-void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
-                         const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                         int64_t hq, int64_t hkv, float k_scale, float v_scale, const float* k_offset) {
-  const int64_t d = cos.size(1), row = qkv.stride(0);
-  auto pos = positions.to(at::kLong).contiguous();
-  auto slots = slot_mapping.to(at::kLong).contiguous();
-  const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  auto* qkvp = reinterpret_cast<bf16*>(qkv.data_ptr());
-  auto* qo = reinterpret_cast<bf16*>(q_out.data_ptr());
-  auto* kc = reinterpret_cast<char*>(k_cache.data_ptr());
-  auto* vc = reinterpret_cast<char*>(v_cache.data_ptr());
-  const int64_t item = k_cache.element_size();
-  const int64_t bs = k_cache.size(1), kb = k_cache.stride(0) * item, ks = k_cache.stride(1) * item;
-  const int64_t vb = v_cache.stride(0) * item, vs = v_cache.stride(1) * item;
-  const float* cp = cos.data_ptr<float>();
-  const float* snp = sin.data_ptr<float>();
-  const float ik = 1.0f / k_scale, iv = 1.0f / v_scale;
-  at::parallel_for(0, qkv.size(0), 4, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      bf16* r = qkvp + t * row;
-      const float* c = cp + pp[t] * d;
-      const float* s = snp + pp[t] * d;
-      for (int64_t h = 0; h < hq; ++h) rope_head(qo + (t * hq + h) * d, r + h * d, c, s, d);
-      bf16* k = r + hq * d;
-      for (int64_t h = 0; h < hkv; ++h) rope_head(k + h * d, k + h * d, c, s, d);
-      const int64_t slot = sp[t], blk = slot / bs, off = slot % bs;
-      store_cache_row<F>(kc + blk * kb + off * ks, k, hkv * d, ik, k_offset);
-      store_cache_row<F>(vc + blk * vb + off * vs, k + hkv * d, hkv * d, iv);
-    }
-  });
-}
-
 void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
                     int64_t hq, int64_t hkv, double k_scale, double v_scale,
                     const c10::optional<at::Tensor>& k_offset) {
-  check_rows(qkv, "qkv");
-  TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous(), "cos/sin tables must be contiguous fp32");
-  const int64_t d = cos.size(1);
-  TORCH_CHECK(qkv.size(1) == (hq + 2 * hkv) * d, "qkv width does not match the heads");
-  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.stride(2) == d && k_cache.size(2) == hkv, "cache rows");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches of one dtype");
-  const auto kv = k_cache.scalar_type();
-  TORCH_CHECK(kv == at::kBFloat16 || (hkv * d) % 16 == 0, "a quantized cache needs rows of whole 16 values");
-  const float ksc = static_cast<float>(k_scale), vsc = static_cast<float>(v_scale);
-  const float* ko = nullptr;
-  if (k_offset.has_value() && k_offset->defined() && kv != at::kBFloat16) {
-    TORCH_CHECK(k_offset->scalar_type() == at::kFloat && k_offset->is_contiguous() && k_offset->numel() == hkv * d,
-                "k_offset: [Hkv, D] contiguous fp32");
-    ko = k_offset->data_ptr<float>();
-  }
-  if (kv == at::kBFloat16)
-    rope_and_cache_impl<KvFormat::kBF16>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc, ko);
-  else if (kv == at::kFloat8_e4m3fn)
-    rope_and_cache_impl<KvFormat::kE4M3>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc, ko);
-  else if (kv == at::kFloat8_e5m2)
-    rope_and_cache_impl<KvFormat::kE5M2>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc, ko);
-  else if (kv == at::kChar)
-    rope_and_cache_impl<KvFormat::kInt8>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc, ko);
-  else
-    TORCH_CHECK(false, "rope_and_cache: KV cache dtype ", kv, " is not supported");
+  const float* ko = tm_rope::check_rope_and_cache(q_out, qkv, cos, sin, k_cache, v_cache, hq, hkv, k_offset);
+  tm_rope::by_cache_dtype(k_cache.scalar_type(), [&](auto format) {
+    tm_rope::rope_and_cache_rows(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                 static_cast<float>(k_scale), static_cast<float>(v_scale), ko, rope_head,
+                                 store_cache_row<decltype(format)::value>);
+  });
 }
 
 // The index of each row's largest value (the first one on ties), without converting the logits to fp32.

@@ -10,6 +10,7 @@
 // it agrees within a few ulps only.
 #pragma once
 
+#include "quant_view.h"
 #include "simd8.h"
 
 #if defined(TM_SIMD8)
@@ -25,7 +26,8 @@ namespace tm_portable {
 
 using namespace tm_simd;
 
-constexpr int64_t kBlockN = 16;  // outputs per block of both weight layouts
+using tokenmill_quant::kBlockN;  // outputs per block of both weight layouts
+using tokenmill_quant::QuantView;
 
 inline float bf16_to_float(bf16 h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -275,16 +277,6 @@ inline void tile_gemm_range(const bf16* x, int64_t m, int64_t k, const bf16* pan
 
 // ---- quantized matmul over the byte layout (quant_layout.h): 8-bit q + 128, or 4-bit nibbles; fp16 groups ----
 
-struct QuantView {
-  const uint8_t* q;
-  const uint16_t* scale;
-  const uint16_t* min;  // 4 bits only
-  int64_t bits, group, k, n;
-
-  int64_t block_bytes() const { return k * kBlockN * bits / 8; }
-  int64_t groups() const { return k / group; }
-};
-
 // Rows of x as integers, per block of 32 inputs (quant_gemm.cpp's QuantRows, computed the same way): x ~ d (hi +
 // lo / 256), hi = round(x / d), d = amax / 127, lo the rounded remainder in 1/256ths.
 struct QuantRows {
@@ -394,41 +386,46 @@ inline void quant_gemm_range(int64_t m, const QuantView& w, const QuantRows& a, 
     }
 }
 
-// The stored value of output o, input kk of block b (8 bits: q + 128; 4 bits: the nibble).
-inline int32_t stored_value(const QuantView& w, int64_t b, int64_t o, int64_t kk) {
-  const uint8_t* blk = w.q + b * w.block_bytes();
-  if (w.bits == 8) return blk[(kk / 4) * 64 + o * 4 + kk % 4];
-  const uint8_t byte = blk[(kk / 8) * 64 + o * 4 + kk % 4];
-  return (kk % 8) < 4 ? (byte & 0x0F) : (byte >> 4);
-}
-
 // Block b's weights w = s * stored + mn (8 bits: mn = -128 s) rounded to bf16, written as a panel of the
 // tile layout (K/2 x 16 pairs), so tile_gemm_range multiplies larger batches by it. Per-channel 8-bit weights
 // (one group) may go as their integers q, exact in bf16, for the caller to scale the sums (integers_of).
 inline bool integers_of(const QuantView& w) { return w.bits == 8 && w.group == w.k; }
 
+// The stored bytes go in order: a unit of the packed layout holds 16 outputs x 4 bytes, which are k 4u..4u+3
+// (8 bits) or, as low and high nibbles, k 8u..8u+3 and 8u+4..8u+7 (4 bits); a panel row holds the pairs
+// (k, k + 1) of the 16 outputs. Each value is fma(stored, s, mn) rounded to bf16, as the AVX-512 dequantizer does.
 inline void dequantize_panel(const QuantView& w, int64_t b, bf16* panel, bool integers = false) {
-  const int64_t ng = w.groups();
-  if (integers) {
-    for (int64_t o = 0; o < kBlockN; ++o)
-      for (int64_t kk = 0; kk < w.k; ++kk)
-        panel[(kk / 2) * 32 + o * 2 + kk % 2] = float_to_bf16(static_cast<float>(stored_value(w, b, o, kk) - 128));
-    return;
-  }
+  const int64_t ng = w.groups(), per_unit = w.bits == 8 ? 4 : 8;
+  const uint8_t* blk = w.q + b * w.block_bytes();
+  float sc[16], mn[16];
   for (int64_t g = 0; g < ng; ++g) {
-    float sc[16], mn[16];
-    store(sc, load_half(w.scale + (b * ng + g) * kBlockN));
-    store(sc + 8, load_half(w.scale + (b * ng + g) * kBlockN + 8));
-    if (w.bits == 4) {
-      store(mn, load_half(w.min + (b * ng + g) * kBlockN));
-      store(mn + 8, load_half(w.min + (b * ng + g) * kBlockN + 8));
+    if (integers) {   // q itself: stored - 128, exact in bf16
+      for (int o = 0; o < 16; ++o) sc[o] = 1.0f, mn[o] = -128.0f;
     } else {
-      for (int o = 0; o < 16; ++o) mn[o] = sc[o] * -128.0f;
+      store(sc, load_half(w.scale + (b * ng + g) * kBlockN));
+      store(sc + 8, load_half(w.scale + (b * ng + g) * kBlockN + 8));
+      if (w.bits == 4) {
+        store(mn, load_half(w.min + (b * ng + g) * kBlockN));
+        store(mn + 8, load_half(w.min + (b * ng + g) * kBlockN + 8));
+      } else {
+        for (int o = 0; o < 16; ++o) mn[o] = sc[o] * -128.0f;
+      }
     }
-    for (int64_t o = 0; o < kBlockN; ++o)
-      for (int64_t kk = g * w.group; kk < (g + 1) * w.group; ++kk)
-        panel[(kk / 2) * 32 + o * 2 + kk % 2] =
-            float_to_bf16(std::fma(static_cast<float>(stored_value(w, b, o, kk)), sc[o], mn[o]));
+    float sc2[32], mn2[32];   // each output's scale and minimum twice: the lanes of a panel row's (k, k + 1) pairs
+    for (int o = 0; o < 16; ++o) sc2[2 * o] = sc2[2 * o + 1] = sc[o], mn2[2 * o] = mn2[2 * o + 1] = mn[o];
+    for (int64_t u = g * w.group / per_unit; u < (g + 1) * w.group / per_unit; ++u) {
+      const uint8_t* p = blk + u * 64;
+      bf16* rows = panel + u * (per_unit / 2) * 32;   // per_unit / 2 panel rows of 32
+      for (int r = 0; r < per_unit / 2; ++r) {        // row r: k 2r and 2r + 1 of the unit, for the 16 outputs
+        const int e = (2 * r) % 4, shift = w.bits == 8 ? 0 : (r >= 2 ? 4 : 0);
+        float v[32];
+        for (int o = 0; o < 16; ++o) {
+          v[2 * o] = static_cast<float>((p[o * 4 + e] >> shift) & (w.bits == 8 ? 0xFF : 0x0F));
+          v[2 * o + 1] = static_cast<float>((p[o * 4 + e + 1] >> shift) & (w.bits == 8 ? 0xFF : 0x0F));
+        }
+        for (int j = 0; j < 32; j += 8) store_bf16(rows + r * 32 + j, fma(load(v + j), load(sc2 + j), load(mn2 + j)));
+      }
+    }
   }
 }
 

@@ -9,6 +9,8 @@
 #include "ops_library.h"
 
 #include "portable_kernels.h"
+#include "quant_args.h"
+#include "rope_cache.h"
 
 #if defined(TM_SIMD8)
 
@@ -28,11 +30,9 @@
 namespace {
 
 using namespace tm_portable;
+using tokenmill_quant::view_of;
 
-void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bf16");
-  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [T, D] with contiguous rows");
-}
+using tm_rope::check_rows;
 bf16* rows_of(const at::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr()); }
 
 at::Tensor float_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
@@ -99,71 +99,23 @@ void store_cache_row(void* dst, const bf16* src, int64_t n, float inv_scale, con
   }
 }
 
-template <typename KT>
-void rope_and_cache_impl(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
-                         const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
-                         int64_t hq, int64_t hkv, float k_scale, float v_scale, const float* k_offset) {
-  const int64_t d = cos.size(1), row = qkv.stride(0);
-  auto pos = positions.to(at::kLong).contiguous();
-  auto slots = slot_mapping.to(at::kLong).contiguous();
-  const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  auto* kc = reinterpret_cast<char*>(k_cache.data_ptr());
-  auto* vc = reinterpret_cast<char*>(v_cache.data_ptr());
-  const int64_t item = k_cache.element_size();
-  const int64_t bs = k_cache.size(1), kb = k_cache.stride(0) * item, ks = k_cache.stride(1) * item;
-  const int64_t vb = v_cache.stride(0) * item, vs = v_cache.stride(1) * item;
-  const float* cp = cos.data_ptr<float>();
-  const float* snp = sin.data_ptr<float>();
-  at::parallel_for(0, qkv.size(0), 4, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      bf16* r = rows_of(qkv) + t * row;
-      const float* c = cp + pp[t] * d;
-      const float* s = snp + pp[t] * d;
-      for (int64_t h = 0; h < hq; ++h) rope_head(rows_of(q_out) + (t * hq + h) * d, r + h * d, c, s, d);
-      bf16* k = r + hq * d;
-      for (int64_t h = 0; h < hkv; ++h) rope_head(k + h * d, k + h * d, c, s, d);
-      const int64_t slot = sp[t], blk = slot / bs, off = slot % bs;
-      store_cache_row<KT>(kc + blk * kb + off * ks, k, hkv * d, 1.0f / k_scale, k_offset);
-      store_cache_row<KT>(vc + blk * vb + off * vs, k + hkv * d, hkv * d, 1.0f / v_scale, nullptr);
-    }
-  });
-}
+// Each cache format's element type.
+template <tm_rope::CacheFormat F>
+using CacheType = std::conditional_t<
+    F == tm_rope::CacheFormat::kBF16, at::BFloat16,
+    std::conditional_t<F == tm_rope::CacheFormat::kE4M3, at::Float8_e4m3fn,
+                       std::conditional_t<F == tm_rope::CacheFormat::kE5M2, at::Float8_e5m2, int8_t>>>;
 
 void rope_and_cache(at::Tensor q_out, at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
                     int64_t hq, int64_t hkv, double k_scale, double v_scale,
                     const c10::optional<at::Tensor>& k_offset) {
-  check_rows(qkv, "qkv");
-  TORCH_CHECK(q_out.is_contiguous() && q_out.scalar_type() == at::kBFloat16, "q_out must be contiguous bf16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous(), "cos/sin tables must be contiguous fp32");
-  const int64_t d = cos.size(1);
-  TORCH_CHECK(qkv.size(1) == (hq + 2 * hkv) * d, "qkv width does not match the heads");
-  TORCH_CHECK(k_cache.stride(3) == 1 && k_cache.stride(2) == d && k_cache.size(2) == hkv, "cache rows");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches of one dtype");
-  const auto kv = k_cache.scalar_type();
-  const float* ko = nullptr;
-  if (k_offset.has_value() && k_offset->defined() && kv != at::kBFloat16) {
-    TORCH_CHECK(k_offset->scalar_type() == at::kFloat && k_offset->is_contiguous() && k_offset->numel() == hkv * d,
-                "k_offset: [Hkv, D] contiguous fp32");
-    ko = k_offset->data_ptr<float>();
-  }
-  const float ksc = static_cast<float>(k_scale), vsc = static_cast<float>(v_scale);
-  if (kv == at::kBFloat16)
-    rope_and_cache_impl<at::BFloat16>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, ksc,
-                                      vsc, ko);
-  else if (kv == at::kFloat8_e4m3fn)
-    rope_and_cache_impl<at::Float8_e4m3fn>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                           ksc, vsc, ko);
-  else if (kv == at::kFloat8_e5m2)
-    rope_and_cache_impl<at::Float8_e5m2>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
-                                         ksc, vsc, ko);
-  else if (kv == at::kChar)
-    rope_and_cache_impl<int8_t>(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, ksc, vsc,
-                                ko);
-  else
-    TORCH_CHECK(false, "rope_and_cache: KV cache dtype ", kv, " is not supported");
+  const float* ko = tm_rope::check_rope_and_cache(q_out, qkv, cos, sin, k_cache, v_cache, hq, hkv, k_offset);
+  tm_rope::by_cache_dtype(k_cache.scalar_type(), [&](auto format) {
+    tm_rope::rope_and_cache_rows(q_out, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv,
+                                 static_cast<float>(k_scale), static_cast<float>(v_scale), ko, rope_head,
+                                 store_cache_row<CacheType<decltype(format)::value>>);
+  });
 }
 
 at::Tensor argmax_rows(const at::Tensor& logits) {
@@ -221,23 +173,6 @@ bool amx_available() { return false; }
 
 #endif  // TM_PORTABLE_BF16
 
-QuantView view_of(const at::Tensor& q, const at::Tensor& scale, const c10::optional<at::Tensor>& min, int64_t bits,
-                  int64_t group, int64_t n, int64_t k) {
-  TORCH_CHECK(bits == 8 || bits == 4, "quantized gemm: bits must be 8 or 4");
-  TORCH_CHECK(n % kBlockN == 0 && group % 32 == 0 && k % group == 0, "quantized gemm: N % 16, G % 32, K % G");
-  TORCH_CHECK(q.is_contiguous() && q.numel() * 8 == n * k * bits, "quantized gemm: packed q mismatch");
-  TORCH_CHECK(scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.numel() == n * (k / group),
-              "quantized gemm: scale must be fp16 [N/16, K/G, 16]");
-  const uint16_t* mp = nullptr;
-  if (bits == 4) {
-    TORCH_CHECK(min.has_value() && min->defined() && min->scalar_type() == at::kHalf && min->is_contiguous() &&
-                min->numel() == scale.numel(), "quantized gemm: 4 bits need an fp16 min like the scale");
-    mp = reinterpret_cast<const uint16_t*>(min->data_ptr());
-  }
-  return {reinterpret_cast<const uint8_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(scale.data_ptr()), mp,
-          bits, group, k, n};
-}
-
 #if defined(TM_PORTABLE_QUANT_GEMM)
 
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
@@ -283,6 +218,7 @@ at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
   const int64_t nb = n / kBlockN, ldy = gated ? n / 2 : n;
   at::parallel_for(0, gated ? nb / 2 : nb, 1, [&](int64_t b0, int64_t b1) {
     std::vector<bf16> panels(2 * k * kBlockN);  // block b at 0 and, gated, its up block after it
+    std::vector<bf16> out(m * kBlockN);
     for (int64_t b = b0; b < b1; ++b) {
       dequantize_panel(w, b, panels.data(), integers_of(w));
       if (gated) dequantize_panel(w, b + nb / 2, panels.data() + k * kBlockN, integers_of(w));
@@ -306,7 +242,6 @@ at::Tensor quant_vec_gemm(const at::Tensor& x, const at::Tensor& q, const at::Te
         scale_b = scales;
       }
       const int64_t width = gated ? 2 * kBlockN : kBlockN;
-      std::vector<bf16> out(m * kBlockN);
       tile_gemm_range(rows_of(xc), m, k, panels.data(), width, scale_b, bias_b, out.data(), gated, 0, 1);
       for (int64_t r = 0; r < m; ++r) std::memcpy(rows_of(y) + r * ldy + b * kBlockN, out.data() + r * kBlockN,
                                                    sizeof(bf16) * kBlockN);
