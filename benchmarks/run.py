@@ -303,11 +303,19 @@ def part_speech(b: Bench) -> None:
         b.stop(tm)
 
 
+def part_api_cpu(b: Bench) -> None:
+    """The API process's CPU per streamed token (issue 58), tokenmill's server against a bare uvicorn app that
+    streams chunks of the same size at the same pace (the floor of the HTTP stack), twice."""
+    for run in ("a", "b"):
+        b.sh([PY, str(ROOT / "benchmarks" / "api_cpu.py"), "streams=1,8", "requests=8",
+              f"out={b.out / 'api_cpu.jsonl'}"], f"api_cpu_{run}.txt")
+
+
 PARTS: dict[str, Callable[[Bench], None]] = {
     "offline": part_offline, "w4": part_w4, "chat": part_chat, "llamacpp": part_llamacpp,
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
     "plan": part_plan, "autoscale": part_autoscale, "offload": part_offload, "vision": part_vision,
-    "speech": part_speech, "isa": part_isa,
+    "speech": part_speech, "isa": part_isa, "api-cpu": part_api_cpu,
 }
 
 
