@@ -96,7 +96,8 @@ def main() -> None:
     out = opts.get("out")
     py, rows = str(ROOT / ".venv" / "bin" / "python"), []
     servers = {
-        "tokenmill": [str(ROOT / ".venv" / "bin" / "tokenmill"), "serve", "--port", "8131", "--served-model-name", "smollm2"],
+        "tokenmill": [str(ROOT / ".venv" / "bin" / "tokenmill"), "serve", "--port", "8131",
+                      "--served-model-name", "smollm2"],
         "bare-uvicorn": [py, "-c", FLOOR_APP, "8132", str(tokens), "0.008"],
     }
     for name, cmd in servers.items():
