@@ -303,6 +303,16 @@ def part_speech(b: Bench) -> None:
         b.stop(tm)
 
 
+def part_w8a8(b: Bench) -> None:
+    """W1 (issue 56): tokenmill bf16 and w8a8, vLLM's CPU build in bf16, then tokenmill's two again."""
+    for run in ("a", "b"):
+        if run == "b":
+            b.vllm_offline("W1", "vllm_w1")
+        b.tm_bench(["throughput", "--workload", "W1", "--disable-tqdm"], f"tm_w1_bf16_{run}")
+        b.tm_bench(["throughput", "--workload", "W1", "--disable-tqdm", "--quantization", "w8a8"],
+                   f"tm_w1_w8a8_{run}")
+
+
 def part_api_cpu(b: Bench) -> None:
     """The API process's CPU per streamed token (issue 58), tokenmill's server against a bare uvicorn app that
     streams chunks of the same size at the same pace (the floor of the HTTP stack), twice."""
@@ -316,6 +326,7 @@ PARTS: dict[str, Callable[[Bench], None]] = {
     "quality": part_quality, "modes": part_modes, "w1-modes": part_w1_modes, "w5": part_w5, "w8": part_w8,
     "plan": part_plan, "autoscale": part_autoscale, "offload": part_offload, "vision": part_vision,
     "speech": part_speech, "isa": part_isa, "api-cpu": part_api_cpu,
+    "w8a8": part_w8a8,
 }
 
 
