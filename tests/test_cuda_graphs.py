@@ -136,6 +136,9 @@ def _decode_md():
                              1, 1)
 
 
-def test_mixture_of_experts_steps_stay_eager(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir("mixtral")), dtype="float32", attention_backend="triton", kv_cache_memory="16MiB")
+@pytest.mark.parametrize("family, extra", [("mixtral", {}), ("llama", {"kv_cache_dtype": "fp8"})])
+def test_steps_that_read_the_host_stay_eager(tiny_model_dir, family, extra):
+    """Mixture-of-experts routing, and a quantized cache (attended by torch_sdpa's decode), read host values."""
+    llm = LLM(str(tiny_model_dir(family)), dtype="float32", attention_backend="triton", kv_cache_memory="16MiB",
+              **extra)
     assert not llm.engine_core.executor.runner.enable_decode_graphs(ReplayingApi())

@@ -25,6 +25,7 @@ from tokenmill.utils import format_bytes, init_logger
 
 logger = init_logger(__name__)
 
+
 def why_not_capturable(runner) -> str | None:
     """Why this engine's decode step cannot be captured (None: it can). A graph holds one forward with its
     kernels' arguments fixed: collectives across ranks, adapters chosen per step, an encoder's inputs, EAGLE's
@@ -34,6 +35,8 @@ def why_not_capturable(runner) -> str | None:
     backend = runner.model.attention_layers()[0].backend.name if runner.model.attention_layers() else None
     if backend != "triton":
         return f"the {backend} attention backend reads the host each step; the triton one does not"
+    if runner.config.cache_config.cache_dtype != "auto":
+        return "a quantized KV cache is attended by torch_sdpa's decode, which reads the host each step"
     if get_tp().size > 1 or get_pp().size > 1:
         return "tensor or pipeline parallel"
     if runner.lora_manager is not None:
