@@ -79,7 +79,7 @@ def test_decode_graphs_replay_the_same_tokens_as_transformers(tiny_model_dir):
     outs = []
     for p, n in zip(prompts, n_new):   # one at a time and then together
         outs.append(_greedy(llm, [p], n)[0])
-    together = [(toks, lps) for (toks, lps) in _greedy(llm, prompts, 20)]
+    together = _greedy(llm, prompts, 20)
     assert api.captures == 3 and runner.graphs.replays > 0
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for prompt, n, (tokens, logprobs), (all_tokens, all_lps) in zip(prompts, n_new, outs, together):

@@ -32,7 +32,8 @@ def why_not_capturable(runner) -> str | None:
     hidden-state taps and an attention backend that reads host arrays each step are all outside it."""
     from tokenmill.distributed.parallel_state import get_pp, get_tp
 
-    backend = runner.model.attention_layers()[0].backend.name if runner.model.attention_layers() else None
+    layers = runner.model.attention_layers()
+    backend = layers[0].backend.name if layers else None
     if backend != "triton":
         return f"the {backend} attention backend reads the host each step; the triton one does not"
     if runner.config.cache_config.cache_dtype != "auto":
@@ -120,7 +121,7 @@ class DecodeGraphs:
         nothing a graph cannot carry (a cross-attention slot, a cut of the output rows)."""
         if not self.calibrated:
             self.calibrated = not any(layer.calibrate for layer in self.layers)
-        return (self.calibrated and md.max_query_len == 1 and rows == md.num_reqs and rows <= self.max_size
+        return (self.calibrated and md.max_query_len == 1 and rows <= self.max_size
                 and md.block_table.shape[1] <= self.max_blocks and md.cross_slots is None and md.output_rows is None)
 
     def capture(self) -> None:
